@@ -1,0 +1,64 @@
+"""``eaglegen enqueue``: wires the producer to Redis, Celery and a progress display."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from common.models import GenParams
+from common.settings import Settings
+from common.store import RunStore
+from producer.enqueue import EnqueueCounts, Feeder
+from producer.readers import open_source
+from worker.app import create_app
+from worker.publish import publish
+
+MAX_INVALID_SHOWN = 20
+
+
+def run_enqueue(
+    settings: Settings,
+    store: RunStore,
+    source: str,
+    params: GenParams,
+    fmt: str,
+    split: str | None,
+    subset: str | None,
+    limit: int | None,
+) -> EnqueueCounts:
+    """Feed ``source`` into the run and print the one-line summary."""
+    console = Console(stderr=True)
+    info, rows = open_source(source, split, subset)
+    store.ensure_params(params)
+    celery = create_app(settings)
+    shown = [0]
+
+    def on_invalid(row: int, reason: str) -> None:
+        shown[0] += 1
+        if shown[0] <= MAX_INVALID_SHOWN:
+            console.print(f"row {row}: skipped, {reason}", highlight=False)
+        elif shown[0] == MAX_INVALID_SHOWN + 1:
+            console.print("(further invalid rows are counted, not shown)")
+
+    with _progress(console) as progress:
+        task = progress.add_task(f"enqueue {info.dataset} -> run {store.run}", total=limit)
+
+        def on_progress(counts: EnqueueCounts) -> None:
+            progress.update(task, completed=counts.rows, info=counts.line())
+
+        feeder = Feeder(
+            store=store, params=params, info=info,
+            publish=lambda ids: publish(celery, store.run, ids), fmt=fmt,
+            max_pending=settings.max_pending, on_invalid=on_invalid, on_progress=on_progress,
+        )  # fmt: skip
+        counts = feeder.run(rows, limit)
+    print(counts.line())
+    return counts
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+        TextColumn("{task.completed} rows"), TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(), console=console, transient=True,
+    )  # fmt: skip

@@ -1,0 +1,243 @@
+"""The ``eaglegen`` command line: one sub-command per role."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import redis
+import typer
+from rich.console import Console
+
+from common.errors import EagleGenError
+from common.models import GenParams
+from common.redact import redact_url
+from common.settings import Settings
+from common.store import RunStore, connect
+
+app = typer.Typer(
+    help="EagleGen: generate EAGLE-3 training data from vLLM servers over Celery + Redis.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console(stderr=True)
+out = Console()
+
+RunOpt = Annotated[str | None, typer.Option("--run", help="Run name [env EAGLEGEN_RUN].")]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print a one-line error and exit."""
+    console.print(f"[red]error:[/red] {message}", highlight=False, markup=True)
+    raise typer.Exit(code)
+
+
+def _die(message: str) -> NoReturn:
+    console.print(f"[red]error:[/red] {message}", highlight=False)
+    sys.exit(1)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """The process's settings: environment and .env, then command-line overrides."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as exc:
+        fail(f"bad settings: {_first_error(exc)}", 2)
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        field = ".".join(str(p) for p in first.get("loc", ()))
+        return f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
+    return str(exc)
+
+
+def open_store(settings: Settings) -> RunStore:
+    """The run's store, after checking Redis answers (clear error if it does not)."""
+    client = connect(settings.redis_url)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        fail(f"cannot reach Redis at {redact_url(settings.redis_url)} ({exc})")
+    return RunStore(client, settings.key_prefix, settings.run)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT, for loops that finish their step and exit."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+@app.command()
+def enqueue(
+    source: Annotated[str, typer.Argument(help="A .jsonl/.json/.parquet file or a HF dataset id.")],
+    run: RunOpt = None,
+    split: Annotated[str | None, typer.Option(help="Dataset split (hub datasets).")] = None,
+    subset: Annotated[str | None, typer.Option(help="Dataset config name.")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Read only the first N rows.")] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", help="auto|openai|sharegpt|turns|prompt")
+    ] = "auto",
+    system: Annotated[str | None, typer.Option(help="System prompt for every sample.")] = None,
+    turns: Annotated[
+        str, typer.Option(help="all: regenerate every turn; first: only the first.")
+    ] = "all",
+    max_tokens: Annotated[int, typer.Option(min=1)] = 2048,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
+    thinking: Annotated[
+        bool | None,
+        typer.Option("--thinking/--no-thinking", help="Pass enable_thinking to the template."),
+    ] = None,
+    max_pending: Annotated[
+        int | None, typer.Option(min=1, help="Most samples waiting at once (backpressure).")
+    ] = None,
+) -> None:
+    """Add a dataset's prompts to a run: each distinct prompt once, ever."""
+    from cli.enqueue_cmd import run_enqueue
+
+    if fmt not in ("auto", "openai", "sharegpt", "turns", "prompt"):
+        fail(f"--format must be auto, openai, sharegpt, turns or prompt, not {fmt!r}", 2)
+    if turns not in ("all", "first"):
+        fail(f"--turns must be all or first, not {turns!r}", 2)
+    settings = load_settings(run=run, max_pending=max_pending)
+    kwargs = {"enable_thinking": thinking} if thinking is not None else None
+    params = GenParams(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, turns=turns,  # type: ignore[arg-type]
+        system=system, chat_template_kwargs=kwargs,
+    )  # fmt: skip
+    run_enqueue(settings, open_store(settings), source, params, fmt, split, subset, limit)
+
+
+@app.command()
+def worker(
+    concurrency: Annotated[int | None, typer.Option(min=1, help="Requests in flight.")] = None,
+    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+) -> None:
+    """Start a Celery worker that answers queued samples (threads pool)."""
+    import os
+
+    from common.logs import setup_logging
+    from worker.app import create_app
+
+    settings = load_settings(concurrency=concurrency)
+    setup_logging(settings, loglevel.upper())
+    open_store(settings)  # fail fast with a clear line if Redis is down
+    celery = create_app(settings)
+    celery.worker_main(
+        [
+            "worker", f"--concurrency={settings.concurrency}", "--pool=threads",
+            f"--loglevel={loglevel}", f"--queues={settings.queue}",
+            f"--hostname=eaglegen-{os.getpid()}@%h", "--without-mingle", "--without-gossip",
+        ]
+    )  # fmt: skip
+
+
+@app.command()
+def collect(
+    out_path: Annotated[Path, typer.Option("--out", help="JSONL file to append to.")],
+    run: RunOpt = None,
+    once: Annotated[bool, typer.Option(help="Drain what is ready, then exit.")] = False,
+) -> None:
+    """Move finished samples from Redis to a JSONL file (exactly one line per sample)."""
+    from collector.collect import Collector
+    from collector.sink import JsonlSink
+    from common.logs import setup_logging
+
+    settings = load_settings(run=run)
+    setup_logging(settings)
+    store = open_store(settings)
+    sink = JsonlSink(out_path)
+    stop = stop_on_signals()
+    collector = Collector(store, sink, settings.collect_batch)
+    try:
+        stats = collector.run(stop, once=once)
+    finally:
+        sink.close()
+    console.print(
+        f"collected {stats.written} records into {out_path} "
+        f"(already in the file: {stats.skipped_present})"
+    )
+
+
+@app.command()
+def status(
+    run: RunOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Show a run's progress: total, queued, in flight, done, failed, written."""
+    from cli.status_view import render_status
+
+    settings = load_settings(run=run)
+    store = open_store(settings)
+    if not store.exists():
+        fail(f"no run named {settings.run!r} in {redact_url(settings.redis_url)}")
+    counts = store.counts()
+    if as_json:
+        out.print_json(json.dumps(counts.as_dict()))
+    else:
+        render_status(out, counts, store.failures())
+
+
+@app.command("retry-failed")
+def retry_failed(run: RunOpt = None) -> None:
+    """Put a run's failed samples back in the queue."""
+    from worker.app import create_app
+    from worker.publish import publish
+
+    settings = load_settings(run=run)
+    store = open_store(settings)
+    ids = store.requeue_failed()
+    sent = publish(create_app(settings), settings.run, ids)
+    console.print(f"requeued {sent} failed samples of run {settings.run!r}")
+
+
+@app.command()
+def demo(
+    keep: Annotated[bool, typer.Option(help="Leave the run's keys in Redis.")] = False,
+) -> None:
+    """Run the bundled prompts through a local simulator, worker and collector."""
+    from cli.demo import run_demo
+
+    run_demo(load_settings(), keep=keep)
+
+
+def _register_plugins() -> None:
+    # Optional roles register their own commands; a missing extra only disables those.
+    import simulator.cli
+    import training.cli
+
+    for module in (simulator.cli, training.cli):
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(app)
+
+
+def main() -> None:
+    """Console-script entry point: expected failures become one line, not a traceback."""
+    _register_plugins()
+    try:
+        app()
+    except EagleGenError as exc:
+        _die(str(exc))
+    except redis.ConnectionError as exc:
+        _die(f"lost the Redis connection: {exc}")
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

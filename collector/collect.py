@@ -1,0 +1,83 @@
+"""The collector: results leave Redis only after their lines are on disk."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from collector.sink import JsonlSink
+from common.errors import ConfigError
+from common.store import RunStore
+
+log = logging.getLogger("eaglegen.collector")
+LOCK_TTL = 30.0
+
+
+@dataclass
+class CollectStats:
+    """What a collector run did."""
+
+    written: int = 0
+    skipped_present: int = 0
+    missing: int = 0
+
+
+class Collector:
+    """Moves a run's results to its JSONL file, exactly one line per sample id."""
+
+    def __init__(self, store: RunStore, sink: JsonlSink, batch: int = 256) -> None:
+        self.store = store
+        self.sink = sink
+        self.batch = batch
+        self.stats = CollectStats()
+        self._token = uuid.uuid4().hex
+
+    def run(
+        self,
+        stop: threading.Event,
+        once: bool = False,
+        on_batch: Callable[[CollectStats], None] = lambda stats: None,
+    ) -> CollectStats:
+        """Collect until ``stop`` is set (or, with ``once``, until nothing is ready)."""
+        self._lock()
+        try:
+            self._flush(self.store.collecting())  # what a crashed collector had taken
+            while not stop.is_set():
+                try:
+                    ids = self._take(once)
+                except redis.ConnectionError as exc:
+                    log.warning("Redis unreachable (%s); retrying", exc)
+                    stop.wait(1.0)
+                    continue
+                if not ids and once:
+                    break
+                self._flush(ids)
+                on_batch(self.stats)
+        finally:
+            self.store.unlock_collector(self._token)
+        return self.stats
+
+    def _lock(self) -> None:
+        if not self.store.lock_collector(self._token, LOCK_TTL):
+            raise ConfigError(f"another collector is already writing run {self.store.run!r}")
+
+    def _take(self, once: bool) -> list[str]:
+        self.store.lock_collector(self._token, LOCK_TTL)
+        return self.store.take_ready(self.batch, 0 if once else 1.0)
+
+    def _flush(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        records = self.store.results_for(ids)
+        items = [(i, r) for i, r in zip(ids, records, strict=True) if r is not None]
+        self.stats.missing += len(ids) - len(items)
+        written = self.sink.append(items)
+        self.stats.skipped_present += len(items) - written
+        self.stats.written += written
+        # Only now, with the lines fsynced, may the results leave Redis.
+        self.store.commit_collected()

@@ -1,0 +1,85 @@
+"""The exception tree. Retry decisions key off these classes, never off message strings."""
+
+from __future__ import annotations
+
+
+class EagleGenError(Exception):
+    """Root of every error EagleGen raises on purpose."""
+
+
+class ConfigError(EagleGenError):
+    """The user's configuration or command line cannot work."""
+
+
+class SourceError(EagleGenError):
+    """A prompt source cannot be opened or read at all."""
+
+
+class RunMismatch(ConfigError):
+    """A run already exists with other generation parameters."""
+
+
+class GenerationError(EagleGenError):
+    """A model call failed; subclasses say whether trying again can help."""
+
+    kind = "error"
+
+
+class TransientError(GenerationError):
+    """Worth retrying later: the server or network may recover."""
+
+
+class ConnectError(TransientError):
+    kind = "connect"
+
+
+class TimeoutError_(TransientError):
+    kind = "timeout"
+
+
+class StallError(TransientError):
+    kind = "stall"
+
+
+class Disconnected(TransientError):
+    kind = "disconnect"
+
+
+class RateLimited(TransientError):
+    kind = "429"
+
+
+class ServerError(TransientError):
+    kind = "5xx"
+
+
+class EmptyResponse(TransientError):
+    kind = "empty"
+
+
+class BadResponse(TransientError):
+    """The endpoint answered something that is not an OpenAI response (a proxy page, say)."""
+
+    kind = "bad_response"
+
+
+class LeaseLost(TransientError):
+    """Another worker took this sample over; stop spending GPU time on it."""
+
+    kind = "lease_lost"
+
+
+class PermanentError(GenerationError):
+    """Retrying cannot help: the request itself is wrong (400, 401, 404, bad response)."""
+
+
+class BadRequest(PermanentError):
+    kind = "400"
+
+
+class AuthError(PermanentError):
+    kind = "auth"
+
+
+class NotFound(PermanentError):
+    kind = "404"

@@ -1,0 +1,104 @@
+"""Every Redis key EagleGen uses, built here and nowhere else.
+
+All keys of a run share the hash tag ``{run}`` so a run's keys live on one Redis Cluster slot
+and its Lua scripts stay atomic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def runs_key(prefix: str) -> str:
+    """The set of known run names."""
+    return f"{prefix}:runs"
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """Names of one run's keys."""
+
+    prefix: str
+    run: str
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}:{{{self.run}}}:{name}"
+
+    @property
+    def meta(self) -> str:
+        """Hash: generation params, source description, creation time."""
+        return self._key("meta")
+
+    @property
+    def accepted(self) -> str:
+        """Set of every sample id ever accepted into the run (never shrinks)."""
+        return self._key("accepted")
+
+    @property
+    def pending(self) -> str:
+        """Set of ids accepted but neither done nor failed (queued or in flight)."""
+        return self._key("pending")
+
+    @property
+    def prompts(self) -> str:
+        """Hash id -> sample JSON; kept until the sample is done."""
+        return self._key("prompts")
+
+    @property
+    def partial(self) -> str:
+        """Hash id -> turns already answered, so a retry resumes where it stopped."""
+        return self._key("partial")
+
+    @property
+    def attempts(self) -> str:
+        """Hash id -> number of times a worker started on the sample."""
+        return self._key("attempts")
+
+    @property
+    def results(self) -> str:
+        """Hash id -> finished record JSON, until the collector has it on disk."""
+        return self._key("results")
+
+    @property
+    def ready(self) -> str:
+        """List of ids whose results wait for the collector."""
+        return self._key("ready")
+
+    @property
+    def collecting(self) -> str:
+        """List of ids the collector has taken and not yet committed (crash recovery)."""
+        return self._key("collecting")
+
+    @property
+    def failed(self) -> str:
+        """Hash id -> failure JSON (error class and message)."""
+        return self._key("failed")
+
+    @property
+    def leases(self) -> str:
+        """Sorted set id -> lease expiry (ms, Redis clock) of samples being generated."""
+        return self._key("leases")
+
+    @property
+    def lease_owner(self) -> str:
+        """Hash id -> token of the worker holding the lease."""
+        return self._key("lease_owner")
+
+    @property
+    def counters(self) -> str:
+        """Hash of run counters (written, retries, tokens, errors by class)."""
+        return self._key("counters")
+
+    @property
+    def collector_lock(self) -> str:
+        """String held by the one collector allowed to write this run."""
+        return self._key("collector_lock")
+
+    def all_keys(self) -> list[str]:
+        """Every key of the run (for deletion)."""
+        names = [
+            "meta", "accepted", "pending", "prompts", "partial", "attempts", "results",
+            "ready", "collecting", "failed", "leases", "lease_owner", "counters",
+            "collector_lock",
+        ]  # fmt: skip
+        return [self._key(name) for name in names]

@@ -1,0 +1,46 @@
+"""Logging set-up: one format, secrets redacted from every record."""
+
+from __future__ import annotations
+
+import logging
+
+from common.redact import redact
+from common.settings import Settings
+
+
+class RedactingFilter(logging.Filter):
+    """Rewrites each record's message with URL passwords and known secrets masked."""
+
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self.secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message, self.secrets)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return True
+
+
+def secrets_of(settings: Settings) -> list[str]:
+    """The secret strings a process must never print."""
+    found = [settings.api_key.get_secret_value()] if settings.api_key else []
+    password = _url_password(settings.redis_url)
+    return [*found, password] if password else found
+
+
+def _url_password(url: str) -> str | None:
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).password
+
+
+def setup_logging(settings: Settings, level: str = "INFO") -> None:
+    """Configure the root logger once per process."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter(secrets_of(settings)))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)

@@ -1,0 +1,102 @@
+"""Typed messages and records: JSON on the wire, a schema version on records."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+Role = Literal["system", "user", "assistant"]
+
+
+class GenParams(BaseModel):
+    """Sampling parameters, fixed for the life of a run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(default=2048, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    turns: Literal["all", "first"] = "all"
+    system: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class SourceRef(BaseModel):
+    """Where a sample came from (its first occurrence)."""
+
+    dataset: str
+    split: str | None = None
+    row: int
+    format: str
+
+
+class Sample(BaseModel):
+    """A prompt to answer: an optional system prompt and the user turns, in order."""
+
+    id: str
+    system: str | None = None
+    user_turns: list[str]
+    source: SourceRef
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class TurnResult(BaseModel):
+    """One generated assistant turn."""
+
+    content: str
+    reasoning: str | None = None
+    finish_reason: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    latency_s: float = 0.0
+    endpoint: str = ""
+    model: str = ""
+
+
+class Message(BaseModel):
+    role: Role
+    content: str
+    reasoning_content: str | None = None
+
+
+class Generation(BaseModel):
+    model: str
+    endpoint: str
+    finish_reason: str | None
+    usage: Usage
+    turns: list[TurnResult]
+    attempts: int
+    latency_s: float
+    params: GenParams
+
+
+class Record(BaseModel):
+    """One JSONL line: a superset of SpecForge's ``{"id", "conversations"}``."""
+
+    schema_version: int = Field(default=SCHEMA_VERSION, alias="schema")
+    id: str
+    run: str
+    conversations: list[Message]
+    source: SourceRef
+    generation: Generation
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    def to_json(self) -> str:
+        """The record as one JSON line (no newline), optional fields left out."""
+        return self.model_dump_json(by_alias=True, exclude_none=True)
+
+
+class Failure(BaseModel):
+    """Why a sample ended in the failed set."""
+
+    kind: str
+    message: str
+    attempts: int
+    at: float

@@ -1,0 +1,94 @@
+"""One settings object per process, read from ``EAGLEGEN_*`` variables (and ``.env``).
+
+Nothing here runs at import: callers build ``Settings()`` once at start-up and pass it down.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+RUN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class Settings(BaseSettings):
+    """Every knob of EagleGen; field ``foo`` is the variable ``EAGLEGEN_FOO``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="EAGLEGEN_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    # Where things are.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    endpoints: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8000/v1"]
+    )
+    model: str | None = None
+    api_key: SecretStr | None = None
+    run: str = "default"
+    queue: str = "eaglegen"
+    key_prefix: str = "eaglegen"
+
+    # Worker.
+    concurrency: int = Field(default=32, ge=1)
+    connect_timeout: float = Field(default=10.0, gt=0)
+    # No byte for this long means the stream is dead. Queue time on a busy server counts too,
+    # so it must be generous; a slow but progressing generation never hits it.
+    stall_timeout: float = Field(default=300.0, gt=0)
+    # Hard ceiling for one assistant turn, however steadily it streams.
+    max_request_time: float = Field(default=3600.0, gt=0)
+    max_retries: int = Field(default=8, ge=0)
+    backoff_base: float = Field(default=2.0, gt=0)
+    backoff_max: float = Field(default=300.0, gt=0)
+    lease_ttl: float = Field(default=60.0, gt=0)
+    # None: derived from the longest turn plus backoff (see ``effective_visibility_timeout``).
+    visibility_timeout: int | None = None
+
+    # Producer.
+    max_pending: int = Field(default=10_000, ge=1)
+
+    # Collector.
+    collect_batch: int = Field(default=256, ge=1)
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _split_endpoints(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip().rstrip("/") for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("endpoints")
+    @classmethod
+    def _check_endpoints(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one endpoint is needed")
+        for url in value:
+            if not url.startswith(("http://", "https://")) or not url.endswith("/v1"):
+                raise ValueError(f"endpoint {url!r} must be an http(s) URL ending in /v1")
+        return [url.rstrip("/") for url in value]
+
+    @field_validator("run")
+    @classmethod
+    def _check_run(cls, value: str) -> str:
+        return check_run_name(value)
+
+    @property
+    def effective_visibility_timeout(self) -> int:
+        """Seconds before Redis redelivers an unacked task; longer than any turn plus backoff."""
+        if self.visibility_timeout is not None:
+            return self.visibility_timeout
+        return int(self.max_request_time + self.backoff_max + 600)
+
+    def api_key_value(self) -> str:
+        """The API key for the HTTP client; 'EMPTY' as vLLM expects when none is set."""
+        return self.api_key.get_secret_value() if self.api_key else "EMPTY"
+
+
+def check_run_name(value: str) -> str:
+    """Validate a run name (it becomes part of Redis keys and file names)."""
+    if not RUN_NAME.match(value):
+        raise ValueError(f"run name {value!r} must be 1-64 letters, digits, '_', '.' or '-'")
+    return value

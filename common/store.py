@@ -1,0 +1,391 @@
+"""All run state in Redis: one class, atomic transitions as Lua scripts.
+
+A sample moves accepted -> pending -> (leased while generating) -> done (result stored) ->
+written (collector has it on disk), or -> failed. Every transition that touches more than one
+key is one script, so a crash between two steps cannot leave a sample half-moved.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import redis
+
+from common.errors import RunMismatch
+from common.keys import RunKeys, runs_key
+from common.models import Failure, GenParams, Sample, TurnResult
+
+# KEYS: accepted, pending, prompts   ARGV: id, sample json
+_ACCEPT = """
+if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('SADD', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+return 1
+"""
+
+# KEYS: pending, leases, lease_owner, attempts   ARGV: id, owner, ttl_ms
+_ACQUIRE = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 'done' end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiry = redis.call('ZSCORE', KEYS[2], ARGV[1])
+local owner = redis.call('HGET', KEYS[3], ARGV[1])
+if expiry and tonumber(expiry) > now and owner ~= ARGV[2] then return 'leased' end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
+return 'ok'
+"""
+
+# KEYS: leases, lease_owner   ARGV: owner, ttl_ms, id...   returns ids no longer ours
+_RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lost = {}
+for i = 3, #ARGV do
+  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[1] then
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[i])
+  else
+    table.insert(lost, ARGV[i])
+  end
+end
+return lost
+"""
+
+# KEYS: leases, lease_owner   ARGV: id, owner
+_RELEASE = """
+if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[2] then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+# KEYS: pending, results, ready, leases, lease_owner, prompts, partial, attempts, counters
+# ARGV: id, record json, completion tokens
+_STORE_RESULT = """
+if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('RPUSH', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
+redis.call('HDEL', KEYS[6], ARGV[1])
+redis.call('HDEL', KEYS[7], ARGV[1])
+redis.call('HDEL', KEYS[8], ARGV[1])
+redis.call('HINCRBY', KEYS[9], 'completion_tokens', tonumber(ARGV[3]))
+return 1
+"""
+
+# KEYS: pending, failed, leases, lease_owner, counters   ARGV: id, failure json, kind
+_STORE_FAILURE = """
+if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('HINCRBY', KEYS[5], 'failed:' .. ARGV[3], 1)
+return 1
+"""
+
+# KEYS: failed, pending, attempts   ARGV: max ids   returns the ids moved back to pending
+_REQUEUE_FAILED = """
+local ids = redis.call('HKEYS', KEYS[1])
+local moved = {}
+for i = 1, math.min(#ids, tonumber(ARGV[1])) do
+  redis.call('HDEL', KEYS[1], ids[i])
+  redis.call('HDEL', KEYS[3], ids[i])
+  redis.call('SADD', KEYS[2], ids[i])
+  table.insert(moved, ids[i])
+end
+return moved
+"""
+
+# KEYS: collecting, results, counters   returns how many results left Redis
+_COMMIT_COLLECTED = """
+local ids = redis.call('LRANGE', KEYS[1], 0, -1)
+local n = 0
+for i = 1, #ids do
+  n = n + redis.call('HDEL', KEYS[2], ids[i])
+end
+redis.call('HINCRBY', KEYS[3], 'written', n)
+redis.call('DEL', KEYS[1])
+return n
+"""
+
+# KEYS: lock   ARGV: token, ttl_ms
+_LOCK = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+LeaseOutcome = Literal["ok", "done", "leased"]
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    """A run's progress; every figure is O(1) to read."""
+
+    run: str
+    total: int
+    pending: int
+    in_flight: int
+    failed: int
+    written: int
+    completion_tokens: int
+    retries: int
+    started_at: float | None
+
+    @property
+    def done(self) -> int:
+        """Samples with a stored result (in Redis or already on disk)."""
+        return self.total - self.pending - self.failed
+
+    @property
+    def queued(self) -> int:
+        """Samples waiting for a worker."""
+        return max(self.pending - self.in_flight, 0)
+
+    @property
+    def complete(self) -> bool:
+        """Every sample is answered or failed, and every answer is on disk."""
+        return self.done + self.failed == self.total and self.written == self.done
+
+    def as_dict(self) -> dict[str, object]:
+        """The JSON form of ``eaglegen status``."""
+        return {
+            "run": self.run, "total": self.total, "queued": self.queued,
+            "in_flight": self.in_flight, "done": self.done, "failed": self.failed,
+            "written": self.written, "complete": self.complete,
+            "completion_tokens": self.completion_tokens, "retries": self.retries,
+            "started_at": self.started_at,
+        }  # fmt: skip
+
+
+class RunStore:
+    """One run's state in Redis."""
+
+    def __init__(self, client: redis.Redis, prefix: str, run: str) -> None:
+        self.r = client
+        self.run = run
+        self.prefix = prefix
+        self.keys = RunKeys(prefix, run)
+        reg = client.register_script
+        self._accept = reg(_ACCEPT)
+        self._acquire = reg(_ACQUIRE)
+        self._renew = reg(_RENEW)
+        self._release = reg(_RELEASE)
+        self._store_result = reg(_STORE_RESULT)
+        self._store_failure = reg(_STORE_FAILURE)
+        self._requeue_failed = reg(_REQUEUE_FAILED)
+        self._commit_collected = reg(_COMMIT_COLLECTED)
+        self._lock = reg(_LOCK)
+        self._unlock = reg(_UNLOCK)
+
+    # -- run metadata -------------------------------------------------------------------
+    def ensure_params(self, params: GenParams) -> None:
+        """Record the run's parameters, or fail if the run exists with other ones."""
+        wanted = params.model_dump_json()
+        self.r.sadd(runs_key(self.prefix), self.run)
+        self.r.hsetnx(self.keys.meta, "created_at", repr(time.time()))
+        if self.r.hsetnx(self.keys.meta, "params", wanted):
+            return
+        stored = GenParams.model_validate_json(str(self.r.hget(self.keys.meta, "params")))
+        if stored != params:
+            diff = _describe_diff(stored, params)
+            raise RunMismatch(
+                f"run {self.run!r} was created with other parameters ({diff}); "
+                "use the same ones or a new --run"
+            )
+
+    def params(self) -> GenParams | None:
+        """The run's parameters, if it exists."""
+        raw = self.r.hget(self.keys.meta, "params")
+        return GenParams.model_validate_json(str(raw)) if raw else None
+
+    def exists(self) -> bool:
+        """Whether the run was ever created."""
+        return bool(self.r.exists(self.keys.meta))
+
+    # -- producer -----------------------------------------------------------------------
+    def known(self, ids: list[str]) -> list[bool]:
+        """Which of ``ids`` the run has already accepted."""
+        if not ids:
+            return []
+        return [bool(x) for x in self.r.smismember(self.keys.accepted, ids)]
+
+    def accept(self, samples: list[Sample]) -> list[bool]:
+        """Store new samples and mark them pending; True where the sample is new."""
+        k = self.keys
+        pipe = self.r.pipeline(transaction=False)
+        for s in samples:
+            self._accept(
+                keys=[k.accepted, k.pending, k.prompts],
+                args=[s.id, s.model_dump_json()],
+                client=pipe,
+            )
+        return [bool(x) for x in pipe.execute()]
+
+    def pending_count(self) -> int:
+        """Samples accepted and not yet finished."""
+        return int(self.r.scard(self.keys.pending))
+
+    # -- worker -------------------------------------------------------------------------
+    def load_sample(self, sample_id: str) -> Sample | None:
+        """The stored prompt of a sample, or None once it is done."""
+        raw = self.r.hget(self.keys.prompts, sample_id)
+        return Sample.model_validate_json(str(raw)) if raw else None
+
+    def acquire(self, sample_id: str, owner: str, ttl_s: float) -> LeaseOutcome:
+        """Take the lease on a sample: 'ok', or why not ('done', 'leased')."""
+        k = self.keys
+        outcome = self._acquire(
+            keys=[k.pending, k.leases, k.lease_owner, k.attempts],
+            args=[sample_id, owner, int(ttl_s * 1000)],
+        )
+        return outcome  # type: ignore[no-any-return]
+
+    def renew(self, ids: list[str], owner: str, ttl_s: float) -> list[str]:
+        """Extend our leases; returns the ids whose lease someone else now holds."""
+        if not ids:
+            return []
+        lost = self._renew(
+            keys=[self.keys.leases, self.keys.lease_owner], args=[owner, int(ttl_s * 1000), *ids]
+        )
+        return [str(x) for x in lost]
+
+    def release(self, sample_id: str, owner: str) -> None:
+        """Give a lease back (before a retry waits out its backoff)."""
+        self._release(keys=[self.keys.leases, self.keys.lease_owner], args=[sample_id, owner])
+
+    def attempts(self, sample_id: str) -> int:
+        """How many times workers started on the sample since it was last (re)queued."""
+        return int(self.r.hget(self.keys.attempts, sample_id) or 0)
+
+    def load_partial(self, sample_id: str) -> list[TurnResult]:
+        """Turns already answered in earlier attempts."""
+        raw = self.r.hget(self.keys.partial, sample_id)
+        return [TurnResult.model_validate(t) for t in json.loads(str(raw))] if raw else []
+
+    def save_partial(self, sample_id: str, turns: list[TurnResult]) -> None:
+        """Keep answered turns so a retry resumes at the first unanswered one."""
+        payload = json.dumps([t.model_dump() for t in turns], ensure_ascii=False)
+        self.r.hset(self.keys.partial, sample_id, payload)
+
+    def store_result(self, sample_id: str, record_json: str, completion_tokens: int) -> bool:
+        """Store a finished record once; False if the sample was already finished."""
+        k = self.keys
+        keys = [
+            k.pending, k.results, k.ready, k.leases, k.lease_owner, k.prompts, k.partial,
+            k.attempts, k.counters,
+        ]  # fmt: skip
+        return bool(self._store_result(keys=keys, args=[sample_id, record_json, completion_tokens]))
+
+    def store_failure(self, sample_id: str, failure: Failure) -> bool:
+        """Move a sample to the failed set with its reason; False if already finished."""
+        k = self.keys
+        return bool(
+            self._store_failure(
+                keys=[k.pending, k.failed, k.leases, k.lease_owner, k.counters],
+                args=[sample_id, failure.model_dump_json(), failure.kind],
+            )
+        )
+
+    def incr(self, counter: str, amount: int = 1) -> None:
+        """Bump a run counter (retries, errors by class, wasted tokens)."""
+        self.r.hincrby(self.keys.counters, counter, amount)
+
+    # -- failures -----------------------------------------------------------------------
+    def failures(self) -> dict[str, Failure]:
+        """Failed samples and why."""
+        raw = self.r.hgetall(self.keys.failed)
+        return {str(i): Failure.model_validate_json(str(v)) for i, v in raw.items()}
+
+    def requeue_failed(self, limit: int = 10_000_000) -> list[str]:
+        """Move failed samples back to pending; returns their ids (to be published)."""
+        k = self.keys
+        moved = self._requeue_failed(keys=[k.failed, k.pending, k.attempts], args=[limit])
+        return [str(x) for x in moved]
+
+    # -- collector ----------------------------------------------------------------------
+    def take_ready(self, limit: int, block_s: float) -> list[str]:
+        """Move up to ``limit`` ready ids to the collecting list, waiting up to ``block_s``."""
+        k = self.keys
+        if block_s > 0:
+            first = self.r.blmove(k.ready, k.collecting, block_s, "LEFT", "RIGHT")  # type: ignore[arg-type]
+        else:  # BLMOVE with timeout 0 would block forever
+            first = self.r.lmove(k.ready, k.collecting, "LEFT", "RIGHT")
+        if first is None:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for _ in range(limit - 1):
+            pipe.lmove(k.ready, k.collecting, "LEFT", "RIGHT")
+        return [str(first)] + [str(x) for x in pipe.execute() if x is not None]
+
+    def collecting(self) -> list[str]:
+        """Ids taken by a collector that had not committed them (it crashed)."""
+        return [str(x) for x in self.r.lrange(self.keys.collecting, 0, -1)]
+
+    def results_for(self, ids: list[str]) -> list[str | None]:
+        """Record JSON of each id (None where it is no longer in Redis)."""
+        if not ids:
+            return []
+        return [None if v is None else str(v) for v in self.r.hmget(self.keys.results, ids)]
+
+    def commit_collected(self) -> int:
+        """After the lines are fsynced: drop those results from Redis and count them written."""
+        k = self.keys
+        return int(self._commit_collected(keys=[k.collecting, k.results, k.counters]))
+
+    def lock_collector(self, token: str, ttl_s: float) -> bool:
+        """Take or renew the run's collector lock."""
+        return bool(self._lock(keys=[self.keys.collector_lock], args=[token, int(ttl_s * 1000)]))
+
+    def unlock_collector(self, token: str) -> None:
+        """Release the collector lock if we hold it."""
+        self._unlock(keys=[self.keys.collector_lock], args=[token])
+
+    # -- status -------------------------------------------------------------------------
+    def counts(self) -> RunCounts:
+        """Exact progress counters, read in one round trip."""
+        k = self.keys
+        pipe = self.r.pipeline(transaction=True)
+        pipe.scard(k.accepted)
+        pipe.scard(k.pending)
+        pipe.zcard(k.leases)
+        pipe.hlen(k.failed)
+        pipe.hmget(k.counters, ["written", "completion_tokens", "retries"])
+        pipe.hget(k.meta, "created_at")
+        total, pending, leased, failed, counters, created = pipe.execute()
+        written, tokens, retries = (int(x or 0) for x in counters)
+        return RunCounts(
+            run=self.run, total=total, pending=pending, in_flight=min(leased, pending),
+            failed=failed, written=written, completion_tokens=tokens, retries=retries,
+            started_at=float(created) if created else None,
+        )  # fmt: skip
+
+    def delete(self) -> None:
+        """Remove every key of the run."""
+        self.r.delete(*self.keys.all_keys())
+        self.r.srem(runs_key(self.prefix), self.run)
+
+
+def _describe_diff(stored: GenParams, wanted: GenParams) -> str:
+    a, b = stored.model_dump(), wanted.model_dump()
+    return ", ".join(f"{name}: {a[name]!r} != {b[name]!r}" for name in a if a[name] != b[name])
+
+
+def connect(url: str) -> redis.Redis:
+    """A Redis client that returns str and fails fast when the server is down."""
+    return redis.Redis.from_url(
+        url, decode_responses=True, socket_connect_timeout=5, health_check_interval=30
+    )

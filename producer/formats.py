@@ -1,0 +1,124 @@
+"""Prompt formats: detect a row's format and reduce it to (system prompt, user turns).
+
+Assistant turns in the source are discarded: the target model regenerates them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+FORMATS = ("openai", "sharegpt", "turns", "prompt")
+PROMPT_COLUMNS = ("prompt", "question", "instruction")
+_SHAREGPT_ROLES = {
+    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+    "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "model": "assistant",
+    "system": "system",
+}  # fmt: skip
+_OPENAI_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+}
+
+
+class InvalidRow(ValueError):
+    """A row that cannot become a sample; the message says why."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a sample asks: an optional system prompt and the user turns in order."""
+
+    system: str | None
+    user_turns: list[str]
+
+
+def detect_format(row: dict[str, Any]) -> str | None:
+    """The format a row is written in, or None if it matches none."""
+    if isinstance(row.get("messages"), list):
+        return "openai"
+    if isinstance(row.get("conversations"), list):
+        return "sharegpt"
+    if "turns" in row:
+        return "turns"
+    if any(col in row for col in PROMPT_COLUMNS):
+        return "prompt"
+    return None
+
+
+def to_prompt(row: dict[str, Any], fmt: str) -> Prompt:
+    """Reduce a row of format ``fmt`` to a Prompt, or raise InvalidRow."""
+    if fmt in ("openai", "sharegpt"):
+        key = "messages" if fmt == "openai" else "conversations"
+        messages = row.get(key)
+        if not isinstance(messages, list):
+            raise InvalidRow(f"no '{key}' list (format {fmt})")
+        prompt = _from_messages(messages)
+    elif fmt == "turns":
+        prompt = Prompt(_optional_text(row, "system"), _turns(row.get("turns")))
+    elif fmt == "prompt":
+        prompt = Prompt(_optional_text(row, "system"), [_single_prompt(row)])
+    else:
+        raise InvalidRow(f"unknown format {fmt!r}")
+    if not prompt.user_turns:
+        raise InvalidRow("no user turn")
+    return prompt
+
+
+def _from_messages(messages: list[Any]) -> Prompt:
+    system: str | None = None
+    users: list[str] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRow(f"message {i} is not an object")
+        role = _role(message, i)
+        text = _text(message.get("content", message.get("value")), f"message {i}")
+        if role == "system":
+            system = text if system is None else f"{system}\n\n{text}"
+        elif role == "user":
+            users.append(text)
+    return Prompt(system, users)
+
+
+def _role(message: dict[str, Any], index: int) -> str:
+    raw = message.get("role", message.get("from"))
+    role = _OPENAI_ROLES.get(str(raw)) or _SHAREGPT_ROLES.get(str(raw).lower())
+    if role is None:
+        raise InvalidRow(f"message {index} has unknown role {raw!r}")
+    return role
+
+
+def _text(value: Any, where: str) -> str:
+    # OpenAI content may be a list of parts; only text parts can be regenerated from.
+    if isinstance(value, list):
+        parts = [p.get("text") for p in value if isinstance(p, dict) and p.get("type") == "text"]
+        if len(parts) != len(value) or not all(isinstance(p, str) for p in parts):
+            raise InvalidRow(f"{where} has non-text content parts")
+        value = "".join(parts)  # type: ignore[arg-type]
+    if not isinstance(value, str):
+        raise InvalidRow(f"{where} content is {type(value).__name__}, not a string")
+    if not value.strip():
+        raise InvalidRow(f"{where} is empty")
+    return value
+
+
+def _turns(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        raise InvalidRow("'turns' is not a list")
+    return [_text(turn, f"turn {i}") for i, turn in enumerate(value)]
+
+
+def _single_prompt(row: dict[str, Any]) -> str:
+    column = next(col for col in PROMPT_COLUMNS if col in row)
+    text = _text(row[column], f"'{column}'")
+    extra = row.get("input")
+    if column == "instruction" and isinstance(extra, str) and extra.strip():
+        text = f"{text}\n\n{extra}"
+    return text
+
+
+def _optional_text(row: dict[str, Any], key: str) -> str | None:
+    value = row.get(key)
+    return value if isinstance(value, str) and value.strip() else None

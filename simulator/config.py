@@ -1,0 +1,43 @@
+"""Configuration of the vLLM simulator (a stand-in for vLLM, not a model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ReasoningField = Literal["reasoning", "reasoning_content", "inline"]
+
+
+class SimConfig(BaseModel):
+    """Behaviour of one simulated vLLM server: capacity, pacing, answer shape and faults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_name: str = "eaglegen-sim"
+    time_per_token: float = Field(default=0.0, ge=0.0)
+    ttft: float = Field(default=0.0, ge=0.0)
+    max_num_seqs: int = Field(default=64, ge=1)
+    max_model_len: int = Field(default=4096, ge=2)
+    min_answer_tokens: int = Field(default=16, ge=1)
+    max_answer_tokens: int = Field(default=256, ge=1)
+    reasoning_tokens: int = Field(default=32, ge=0)
+    reasoning_field: ReasoningField = "reasoning"
+    p_500: float = Field(default=0.0, ge=0.0, le=1.0)
+    p_429: float = Field(default=0.0, ge=0.0, le=1.0)
+    p_stall: float = Field(default=0.0, ge=0.0, le=1.0)
+    p_disconnect: float = Field(default=0.0, ge=0.0, le=1.0)
+    stall_seconds: float = Field(default=3600.0, ge=0.0)
+    fail_first: int = Field(default=0, ge=0)
+    seed: int = 0
+    log_path: Path | None = None
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> Self:
+        if self.max_answer_tokens < self.min_answer_tokens:
+            raise ValueError("max_answer_tokens must be >= min_answer_tokens")
+        # One uniform draw picks at most one fault, so the probabilities share the unit interval.
+        if self.p_500 + self.p_429 + self.p_stall + self.p_disconnect > 1.0 + 1e-9:
+            raise ValueError("p_500 + p_429 + p_stall + p_disconnect must be <= 1")
+        return self

@@ -1,0 +1,87 @@
+"""Pure fault decisions for the simulator: which request fails, how, and where in the stream."""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass
+
+from simulator.config import SimConfig
+
+
+class Fault(enum.Enum):
+    """What goes wrong with one request (NONE: nothing)."""
+
+    NONE = "none"
+    HTTP_500 = "http_500"
+    HTTP_429 = "http_429"
+    STALL = "stall"
+    DISCONNECT = "disconnect"
+
+
+# Faults that strike after some tokens were sent, rather than instead of a response.
+MID_STREAM_FAULTS = frozenset({Fault.STALL, Fault.DISCONNECT})
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """Fault policy: the first `fail_first` attempts of each prompt fail, then random faults."""
+
+    fail_first: int = 0
+    p_500: float = 0.0
+    p_429: float = 0.0
+    p_stall: float = 0.0
+    p_disconnect: float = 0.0
+
+    @classmethod
+    def from_config(cls, cfg: SimConfig) -> FaultPlan:
+        """Build the plan from the fault fields of a SimConfig."""
+        return cls(cfg.fail_first, cfg.p_500, cfg.p_429, cfg.p_stall, cfg.p_disconnect)
+
+    def decide(self, key: str, attempt: int, rng: random.Random) -> Fault:
+        """Return the fault for the `attempt`-th (1-based) request of prompt `key`."""
+        # fail_first comes first and is deterministic, so retry tests need no probabilities.
+        if attempt <= self.fail_first:
+            return Fault.HTTP_500
+        return self._draw(rng.random())
+
+    def _draw(self, u: float) -> Fault:
+        # One uniform draw over stacked intervals: at most one fault per request.
+        bound = 0.0
+        for fault, p in (
+            (Fault.HTTP_500, self.p_500),
+            (Fault.HTTP_429, self.p_429),
+            (Fault.STALL, self.p_stall),
+            (Fault.DISCONNECT, self.p_disconnect),
+        ):
+            bound += p
+            if u < bound:
+                return fault
+        return Fault.NONE
+
+
+def request_rng(seed: int, key: str, attempt: int) -> random.Random:
+    """Return the RNG of one request attempt, independent of arrival order."""
+    # Seeding per (seed, key, attempt) rather than sharing one RNG keeps chaos runs
+    # reproducible even though concurrent requests arrive in varying order.
+    return random.Random(f"{seed}:{key}:{attempt}")
+
+
+def cut_point(n_tokens: int, rng: random.Random) -> int:
+    """Return how many tokens are sent before a mid-stream fault (at least 1)."""
+    # Strictly before the end when possible, so the client sees a truncated answer.
+    return rng.randint(1, max(1, n_tokens - 1))
+
+
+def context_error(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> str | None:
+    """Return vLLM's context-length error message, or None if the request fits."""
+    # Without max_tokens at least one completion token must still fit.
+    completion = max_tokens if max_tokens is not None else 0
+    needed = prompt_tokens + (max_tokens if max_tokens is not None else 1)
+    if prompt_tokens <= max_model_len and needed <= max_model_len:
+        return None
+    return (
+        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+        f"{prompt_tokens + completion} tokens ({prompt_tokens} in the messages, {completion} in "
+        "the completion). Please reduce the length of the messages or completion."
+    )

@@ -1,0 +1,146 @@
+"""Per-process worker state: Redis, HTTP clients, held leases; created lazily after fork."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import defaultdict
+
+import redis
+
+from common import errors
+from common.models import Failure, GenParams, Sample, TurnResult
+from common.settings import Settings
+from common.store import RunStore, connect
+from worker.endpoints import EndpointPool
+from worker.generate import Messages, answer_turns, build_record
+
+log = logging.getLogger("eaglegen.worker")
+
+
+class WorkerRuntime:
+    """Everything a task needs, built once per worker process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.redis: redis.Redis = connect(settings.redis_url)
+        self.endpoints = EndpointPool(settings)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._stores: dict[str, RunStore] = {}
+        self._params: dict[str, GenParams] = {}
+        self._held: dict[tuple[str, str], threading.Event] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._renewer = threading.Thread(target=self._renew_loop, name="lease-renewer", daemon=True)
+        self._renewer.start()
+
+    def store(self, run: str) -> RunStore:
+        """The run's store (cached)."""
+        with self._lock:
+            if run not in self._stores:
+                self._stores[run] = RunStore(self.redis, self.settings.key_prefix, run)
+            return self._stores[run]
+
+    def params(self, run: str) -> GenParams:
+        """The run's generation parameters (fixed for its life, so cached)."""
+        if run not in self._params:
+            found = self.store(run).params()
+            if found is None:
+                raise errors.PermanentError(f"run {run!r} has no parameters in Redis")
+            self._params[run] = found
+        return self._params[run]
+
+    def process(self, run: str, sample_id: str) -> str:
+        """Generate one sample under a lease; returns what happened (for the task's result)."""
+        store = self.store(run)
+        outcome = store.acquire(sample_id, self.owner, self.settings.lease_ttl)
+        if outcome != "ok":
+            log.debug("skip %s/%s: %s", run, sample_id, outcome)
+            return f"skipped:{outcome}"
+        cancelled = self._hold(run, sample_id)
+        try:
+            return self._generate(store, sample_id, cancelled)
+        finally:
+            self._drop(run, sample_id)
+            store.release(sample_id, self.owner)
+
+    def _generate(self, store: RunStore, sample_id: str, cancelled: threading.Event) -> str:
+        sample = store.load_sample(sample_id)
+        if sample is None:
+            raise errors.PermanentError(f"sample {sample_id} has no stored prompt")
+        params = self.params(store.run)
+
+        def check() -> None:
+            if cancelled.is_set():
+                raise errors.LeaseLost(f"lease on {sample_id} taken by another worker")
+
+        turns = answer_turns(
+            sample, params, store.load_partial(sample_id),
+            call=lambda messages: self._call(messages, params, check),
+            save=lambda done: store.save_partial(sample_id, done),
+        )  # fmt: skip
+        return self._finish(store, sample, params, turns)
+
+    def _call(self, messages: Messages, params: GenParams, check: object) -> TurnResult:
+        with self.endpoints.borrow() as client:
+            return client.complete(messages, params, check)  # type: ignore[arg-type]
+
+    def _finish(
+        self, store: RunStore, sample: Sample, params: GenParams, turns: list[TurnResult]
+    ) -> str:
+        record = build_record(store.run, sample, params, turns, store.attempts(sample.id))
+        tokens = sum(t.usage.completion_tokens for t in turns)
+        stored = store.store_result(sample.id, record.to_json(), tokens)
+        log.debug("done %s/%s tokens=%d stored=%s", store.run, sample.id, tokens, stored)
+        return "done" if stored else "duplicate"
+
+    def fail(self, run: str, sample_id: str, exc: errors.GenerationError) -> None:
+        """Record a sample as failed, with the error's class and message."""
+        store = self.store(run)
+        failure = Failure(
+            kind=exc.kind, message=str(exc)[:1000], attempts=store.attempts(sample_id),
+            at=time.time(),
+        )  # fmt: skip
+        store.store_failure(sample_id, failure)
+        log.warning("failed %s/%s: %s", run, sample_id, failure.message)
+
+    def _hold(self, run: str, sample_id: str) -> threading.Event:
+        event = threading.Event()
+        with self._lock:
+            self._held[(run, sample_id)] = event
+        return event
+
+    def _drop(self, run: str, sample_id: str) -> None:
+        with self._lock:
+            self._held.pop((run, sample_id), None)
+
+    def _renew_loop(self) -> None:
+        # Leases are renewed by time, not by stream progress: a server that queues a request
+        # for minutes must not make us look dead; a dead process stops renewing at once.
+        while not self._stop.wait(self.settings.lease_ttl / 3):
+            try:
+                self._renew_once()
+            except redis.RedisError as exc:
+                log.warning("lease renewal failed: %s", exc)
+
+    def _renew_once(self) -> None:
+        with self._lock:
+            by_run: dict[str, list[str]] = defaultdict(list)
+            for run, sample_id in self._held:
+                by_run[run].append(sample_id)
+        for run, ids in by_run.items():
+            for lost in self.store(run).renew(ids, self.owner, self.settings.lease_ttl):
+                with self._lock:
+                    event = self._held.get((run, lost))
+                if event is not None:
+                    event.set()
+
+    def close(self) -> None:
+        """Stop renewing and close connections."""
+        self._stop.set()
+        self.endpoints.close()
+        self.redis.close()

@@ -1,0 +1,37 @@
+"""The Celery task: a thin adapter from a message (run, sample id) to the worker runtime."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from common import errors
+from common.backoff import backoff_delay
+
+if TYPE_CHECKING:
+    from worker.app import EagleGenCelery
+
+GENERATE_TASK = "eaglegen.generate"
+
+
+def register_tasks(app: EagleGenCelery) -> None:
+    """Attach EagleGen's tasks to ``app``."""
+
+    @app.task(bind=True, name=GENERATE_TASK, max_retries=None)  # type: ignore[untyped-decorator]
+    def generate(self: Any, run: str, sample_id: str) -> str:
+        runtime = app.runtime()
+        settings = app.settings
+        try:
+            return runtime.process(run, sample_id)
+        except errors.PermanentError as exc:
+            runtime.fail(run, sample_id, exc)
+            return "failed"
+        except errors.TransientError as exc:
+            store = runtime.store(run)
+            store.incr(f"errors:{exc.kind}")
+            retries: int = self.request.retries
+            if retries >= settings.max_retries:
+                runtime.fail(run, sample_id, exc)
+                return "failed"
+            store.incr("retries")
+            delay = backoff_delay(retries, settings.backoff_base, settings.backoff_max)
+            raise self.retry(countdown=delay, exc=exc) from None
