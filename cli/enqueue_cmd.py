@@ -41,7 +41,7 @@ def run_enqueue(
             console.print("(further invalid rows are counted, not shown)")
 
     with _progress(console) as progress:
-        task = progress.add_task(f"enqueue {info.dataset} -> run {store.run}", total=limit)
+        task = progress.add_task(f"enqueue {info.dataset} -> run {store.run}", total=limit, info="")
 
         def on_progress(counts: EnqueueCounts) -> None:
             progress.update(task, completed=counts.rows, info=counts.line())

@@ -25,7 +25,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 out = Console()
 
 RunOpt = Annotated[str | None, typer.Option("--run", help="Run name [env EAGLEGEN_RUN].")]
@@ -217,11 +217,10 @@ def demo(
 
 def _register_plugins() -> None:
     # Optional roles register their own commands; a missing extra only disables those.
-    import simulator.cli
-    import training.cli
+    import importlib
 
-    for module in (simulator.cli, training.cli):
-        register = getattr(module, "register", None)
+    for name in ("simulator.cli", "training.cli"):
+        register = getattr(importlib.import_module(name), "register", None)
         if register is not None:
             register(app)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +16,9 @@ from common.errors import ConfigError
 from common.store import RunStore
 
 log = logging.getLogger("eaglegen.collector")
-LOCK_TTL = 30.0
+# Renewed on every loop turn (at least once a second); short so that a killed collector's
+# successor waits seconds, not minutes.
+LOCK_TTL = 10.0
 
 
 @dataclass
@@ -63,8 +66,12 @@ class Collector:
         return self.stats
 
     def _lock(self) -> None:
-        if not self.store.lock_collector(self._token, LOCK_TTL):
-            raise ConfigError(f"another collector is already writing run {self.store.run!r}")
+        # A killed collector's lock outlives it by up to LOCK_TTL: wait that long, no more.
+        deadline = time.monotonic() + LOCK_TTL + 1
+        while not self.store.lock_collector(self._token, LOCK_TTL):
+            if time.monotonic() > deadline:
+                raise ConfigError(f"another collector is already writing run {self.store.run!r}")
+            time.sleep(0.5)
 
     def _take(self, once: bool) -> list[str]:
         self.store.lock_collector(self._token, LOCK_TTL)

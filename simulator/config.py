@@ -16,22 +16,22 @@ class SimConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model_name: str = "eaglegen-sim"
-    time_per_token: float = Field(default=0.0, ge=0.0)
-    ttft: float = Field(default=0.0, ge=0.0)
-    max_num_seqs: int = Field(default=64, ge=1)
-    max_model_len: int = Field(default=4096, ge=2)
+    time_per_token: float = Field(default=0.0, ge=0.0)  # seconds; 0 = 16-token chunks, no sleep
+    ttft: float = Field(default=0.0, ge=0.0)  # seconds to first token once a slot is free
+    max_num_seqs: int = Field(default=64, ge=1)  # running sequences; the rest wait FIFO
+    max_model_len: int = Field(default=4096, ge=2)  # prompt + completion tokens
     min_answer_tokens: int = Field(default=16, ge=1)
     max_answer_tokens: int = Field(default=256, ge=1)
-    reasoning_tokens: int = Field(default=32, ge=0)
-    reasoning_field: ReasoningField = "reasoning"
+    reasoning_tokens: int = Field(default=32, ge=0)  # upper bound; 0 = no reasoning
+    reasoning_field: ReasoningField = "reasoning"  # inline = <think>…</think> in content
     p_500: float = Field(default=0.0, ge=0.0, le=1.0)
     p_429: float = Field(default=0.0, ge=0.0, le=1.0)
     p_stall: float = Field(default=0.0, ge=0.0, le=1.0)
     p_disconnect: float = Field(default=0.0, ge=0.0, le=1.0)
     stall_seconds: float = Field(default=3600.0, ge=0.0)
-    fail_first: int = Field(default=0, ge=0)
+    fail_first: int = Field(default=0, ge=0)  # first N attempts of each prompt get HTTP 500
     seed: int = 0
-    log_path: Path | None = None
+    log_path: Path | None = None  # JSONL, one line per generation end
 
     @model_validator(mode="after")
     def _check_ranges(self) -> Self:

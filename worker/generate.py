@@ -71,7 +71,7 @@ def answer_turns(
         if turn.finish_reason == "length":
             break  # a cut answer can't carry the conversation: later turns would build on it
         if len(done) < wanted:
-            save(done)
+            save(list(done))
     return done
 
 

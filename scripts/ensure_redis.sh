@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Make sure a Redis answers at EAGLEGEN_REDIS_URL (default 127.0.0.1:6379).
+# Order: one already answering; docker compose where a docker engine runs; a local
+# redis-server (installed with apt-get when missing and possible), durable (AOF, noeviction).
+set -euo pipefail
+url="${EAGLEGEN_REDIS_URL:-redis://127.0.0.1:6379/0}"
+hostport="${url#*://}"; hostport="${hostport#*@}"; hostport="${hostport%%/*}"
+host="${hostport%%:*}"; port="${hostport##*:}"; [ "$port" = "$host" ] && port=6379
+state_dir="${EAGLEGEN_STATE_DIR:-$(pwd)/.eaglegen}"
+
+answers() {
+  if command -v redis-cli >/dev/null 2>&1; then
+    redis-cli -u "$url" ping 2>/dev/null | grep -q PONG
+  else
+    (exec 3<>"/dev/tcp/$host/$port" && printf 'PING\r\n' >&3 && head -c 5 <&3 | grep -q PONG) 2>/dev/null
+  fi
+}
+
+if answers; then echo "redis: answering at $host:$port"; exit 0; fi
+if [ "$host" != "127.0.0.1" ] && [ "$host" != "localhost" ]; then
+  echo "redis: nothing answers at $host:$port and it is not local; start it there" >&2; exit 1
+fi
+if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+  docker compose up -d redis
+else
+  if ! command -v redis-server >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "redis: installing redis-server with apt-get"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    else
+      echo "redis: no redis-server and no way to install it; install Redis >= 6.2 or docker" >&2
+      exit 1
+    fi
+  fi
+  mkdir -p "$state_dir/redis"
+  redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --dir "$state_dir/redis" \
+    --appendonly yes --appendfsync everysec --maxmemory-policy noeviction \
+    --maxmemory "${EAGLEGEN_REDIS_MAXMEMORY:-2gb}" --logfile "$state_dir/redis/redis.log" \
+    --pidfile "$state_dir/redis/redis.pid"
+fi
+for _ in $(seq 1 100); do answers && { echo "redis: started on $host:$port"; exit 0; }; sleep 0.1; done
+echo "redis: started but not answering on $host:$port" >&2; exit 1

@@ -1,0 +1,114 @@
+"""`simulate` command: run the vLLM simulator (a stand-in for vLLM, not a model)."""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from simulator.config import SimConfig
+
+HELP = (
+    "Run the simulator: an OpenAI-compatible HTTP server that stands in for vLLM on machines "
+    "without a GPU. It is NOT a model: answers are deterministic filler text derived from a "
+    "hash of the prompt (the first content token is '[<prompt key>]'), with configurable "
+    "capacity, pacing and injected faults."
+)
+
+
+class ReasoningFieldChoice(enum.StrEnum):
+    """Where reasoning text goes in responses."""
+
+    reasoning = "reasoning"
+    reasoning_content = "reasoning_content"
+    inline = "inline"
+
+
+# Single source of truth for the option defaults: the SimConfig model.
+_DEFAULTS = SimConfig()
+_REASONING_DEFAULT = ReasoningFieldChoice(_DEFAULTS.reasoning_field)
+
+Opt = typer.Option
+
+
+def simulate(
+    host: Annotated[str, Opt(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, Opt(help="TCP port to listen on.")] = 8000,
+    model_name: Annotated[str, Opt(help="Served model id.")] = _DEFAULTS.model_name,
+    time_per_token: Annotated[
+        float, Opt(help="Seconds per token (0: as fast as possible).")
+    ] = _DEFAULTS.time_per_token,
+    ttft: Annotated[
+        float, Opt(help="Seconds to first token once a slot is free.")
+    ] = _DEFAULTS.ttft,
+    max_num_seqs: Annotated[
+        int, Opt(help="Concurrent sequences; further requests wait FIFO.")
+    ] = _DEFAULTS.max_num_seqs,
+    max_model_len: Annotated[
+        int, Opt(help="Context window: prompt + completion tokens.")
+    ] = _DEFAULTS.max_model_len,
+    min_answer_tokens: Annotated[
+        int, Opt(help="Shortest answer content, in tokens.")
+    ] = _DEFAULTS.min_answer_tokens,
+    max_answer_tokens: Annotated[
+        int, Opt(help="Longest answer content, in tokens.")
+    ] = _DEFAULTS.max_answer_tokens,
+    reasoning_tokens: Annotated[
+        int, Opt(help="Upper bound of reasoning length (0: no reasoning).")
+    ] = _DEFAULTS.reasoning_tokens,
+    reasoning_field: Annotated[
+        ReasoningFieldChoice, Opt(help="Where reasoning goes (inline: <think> tags in content).")
+    ] = _REASONING_DEFAULT,
+    p_500: Annotated[float, Opt(help="Probability of an HTTP 500.")] = _DEFAULTS.p_500,
+    p_429: Annotated[float, Opt(help="Probability of an HTTP 429.")] = _DEFAULTS.p_429,
+    p_stall: Annotated[float, Opt(help="Probability of a mid-stream stall.")] = _DEFAULTS.p_stall,
+    p_disconnect: Annotated[
+        float, Opt(help="Probability of a mid-stream dropped connection.")
+    ] = _DEFAULTS.p_disconnect,
+    stall_seconds: Annotated[float, Opt(help="How long a stall lasts.")] = _DEFAULTS.stall_seconds,
+    fail_first: Annotated[
+        int, Opt(help="The first N attempts of each distinct prompt get HTTP 500.")
+    ] = _DEFAULTS.fail_first,
+    seed: Annotated[int, Opt(help="Seed of the fault draws.")] = _DEFAULTS.seed,
+    log_path: Annotated[
+        Path | None, Opt("--log", "--log-path", help="JSONL file, one line per generation end.")
+    ] = _DEFAULTS.log_path,
+) -> None:
+    """Run the simulator (stand-in for vLLM, not a model)."""
+    from simulator.server import serve  # deferred: keeps the main CLI's start-up light
+
+    try:
+        cfg = SimConfig(
+            model_name=model_name,
+            time_per_token=time_per_token,
+            ttft=ttft,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            min_answer_tokens=min_answer_tokens,
+            max_answer_tokens=max_answer_tokens,
+            reasoning_tokens=reasoning_tokens,
+            reasoning_field=reasoning_field.value,
+            p_500=p_500,
+            p_429=p_429,
+            p_stall=p_stall,
+            p_disconnect=p_disconnect,
+            stall_seconds=stall_seconds,
+            fail_first=fail_first,
+            seed=seed,
+            log_path=log_path,
+        )
+    except ValidationError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    typer.echo(
+        f"simulator (stand-in for vLLM, not a model) listening on http://{host}:{port}/v1 "
+        f"model={cfg.model_name}"
+    )
+    serve(cfg, host=host, port=port)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `simulate` command to a Typer app."""
+    app.command("simulate", help=HELP, short_help="Run the vLLM stand-in (not a model).")(simulate)
