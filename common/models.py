@@ -47,16 +47,25 @@ class Usage(BaseModel):
     completion_tokens: int = 0
 
 
-class TurnResult(BaseModel):
-    """One generated assistant turn."""
+class TurnStats(BaseModel):
+    """How one assistant turn was generated (its text lives in ``conversations``)."""
 
-    content: str
-    reasoning: str | None = None
     finish_reason: str | None = None
     usage: Usage = Field(default_factory=Usage)
     latency_s: float = 0.0
     endpoint: str = ""
     model: str = ""
+
+
+class TurnResult(TurnStats):
+    """One generated assistant turn."""
+
+    content: str
+    reasoning: str | None = None
+
+    def stats(self) -> TurnStats:
+        """The turn without its text."""
+        return TurnStats.model_validate(self.model_dump(exclude={"content", "reasoning"}))
 
 
 class Message(BaseModel):
@@ -70,7 +79,7 @@ class Generation(BaseModel):
     endpoint: str
     finish_reason: str | None
     usage: Usage
-    turns: list[TurnResult]
+    turns: list[TurnStats]
     attempts: int
     latency_s: float
     params: GenParams
