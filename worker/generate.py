@@ -95,7 +95,8 @@ def build_record(
     )
     generation = Generation(
         model=last.model, endpoint=last.endpoint, finish_reason=last.finish_reason, usage=usage,
-        turns=[t.stats() for t in turns], attempts=attempts, latency_s=round(sum(t.latency_s for t in turns), 3),
+        turns=[t.stats() for t in turns], attempts=attempts,
+        latency_s=round(sum(t.latency_s for t in turns), 3),
         params=params,
     )  # fmt: skip
     return Record(
