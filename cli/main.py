@@ -206,6 +206,20 @@ def retry_failed(run: RunOpt = None) -> None:
 
 
 @app.command()
+def reconcile(run: RunOpt = None) -> None:
+    """Find samples that fell through (lost messages, dead workers) and re-enqueue them."""
+    from worker.app import create_app
+    from worker.reconcile import Reconciler
+
+    settings = load_settings(run=run)
+    store = open_store(settings)
+    celery = create_app(settings)
+    reconciler = Reconciler(store.r, settings, celery.publish_samples)
+    for report in reconciler.run_once([settings.run] if run else None):
+        out.print(report.line(), highlight=False)
+
+
+@app.command()
 def demo(
     keep: Annotated[bool, typer.Option(help="Leave the run's keys in Redis.")] = False,
 ) -> None:

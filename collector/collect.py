@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -49,21 +50,31 @@ class Collector:
         """Collect until ``stop`` is set (or, with ``once``, until nothing is ready)."""
         self._lock()
         try:
-            self._flush(self.store.collecting())  # what a crashed collector had taken
             while not stop.is_set():
                 try:
-                    ids = self._take(once)
+                    if not self._step(once):
+                        break
                 except redis.ConnectionError as exc:
                     log.warning("Redis unreachable (%s); retrying", exc)
                     stop.wait(1.0)
                     continue
-                if not ids and once:
-                    break
-                self._flush(ids)
                 on_batch(self.stats)
         finally:
-            self.store.unlock_collector(self._token)
+            self._unlock()
         return self.stats
+
+    def _step(self, once: bool) -> bool:
+        # Ids left in the collecting list (a crash, or a commit lost to a Redis restart) go
+        # first; the sink skips any already on disk.
+        ids = self.store.collecting() or self._take(once)
+        if not ids and once:
+            return False
+        self._flush(ids)
+        return True
+
+    def _unlock(self) -> None:
+        with contextlib.suppress(redis.RedisError):  # else the lock expires by itself
+            self.store.unlock_collector(self._token)
 
     def _lock(self) -> None:
         # A killed collector's lock outlives it by up to LOCK_TTL: wait that long, no more.

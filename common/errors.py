@@ -69,6 +69,12 @@ class LeaseLost(TransientError):
     kind = "lease_lost"
 
 
+class HandedBack(GenerationError):
+    """The worker is stopping: give the sample back to the queue, it did nothing wrong."""
+
+    kind = "handed_back"
+
+
 class PermanentError(GenerationError):
     """Retrying cannot help: the request itself is wrong (400, 401, 404, bad response)."""
 

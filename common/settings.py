@@ -43,9 +43,28 @@ class Settings(BaseSettings):
     max_retries: int = Field(default=8, ge=0)
     backoff_base: float = Field(default=2.0, gt=0)
     backoff_max: float = Field(default=300.0, gt=0)
-    lease_ttl: float = Field(default=60.0, gt=0)
+    # A dead worker's samples run again within lease_ttl + reconcile_interval (about a minute).
+    lease_ttl: float = Field(default=45.0, gt=0)
+    reconcile_interval: float = Field(default=15.0, gt=0)
+    # After SIGTERM, in-flight generations get this long to finish before being handed back.
+    shutdown_grace: float = Field(default=20.0, ge=0)
     # None: derived from the longest turn plus backoff (see ``effective_visibility_timeout``).
     visibility_timeout: int | None = None
+
+    # Endpoint capacity, shared by every worker through Redis (worker/capacity.py).
+    max_inflight: int = Field(default=64, ge=1)  # requests at once per endpoint, cluster-wide
+    # "URL=N,URL=N": per-endpoint overrides of max_inflight.
+    endpoint_caps: Annotated[dict[str, Annotated[int, Field(ge=1)]], NoDecode] = Field(
+        default_factory=dict
+    )
+    slot_ttl: float = Field(default=30.0, gt=0)  # a dead holder's slot frees itself after this
+    endpoint_failures: int = Field(default=3, ge=1)  # in a row before a cool-down
+    endpoint_cooldown: float = Field(default=30.0, gt=0)  # doubles after each failed probe
+    adaptive: bool = False  # move each cap from the server's /metrics (worker/adaptive.py)
+    adaptive_interval: float = Field(default=2.0, gt=0)
+    adaptive_max_inflight: int = Field(default=1024, ge=1)
+    rpm: int | None = Field(default=None, ge=1)  # requests per minute, cluster-wide
+    tpm: int | None = Field(default=None, ge=1)  # prompt + completion tokens per minute
 
     # Producer.
     max_pending: int = Field(default=10_000, ge=1)
@@ -69,6 +88,20 @@ class Settings(BaseSettings):
             if not url.startswith(("http://", "https://")) or not url.endswith("/v1"):
                 raise ValueError(f"endpoint {url!r} must be an http(s) URL ending in /v1")
         return [url.rstrip("/") for url in value]
+
+    @field_validator("endpoint_caps", mode="before")
+    @classmethod
+    def _parse_caps(cls, value: object) -> object:
+        if isinstance(value, str):
+            pairs = [part.rsplit("=", 1) for part in value.split(",") if part.strip()]
+            if any(len(pair) != 2 for pair in pairs):
+                raise ValueError("endpoint caps must look like URL=N,URL=N")
+            return {url.strip().rstrip("/"): cap.strip() for url, cap in pairs}
+        return value
+
+    def cap_for(self, endpoint: str) -> int:
+        """The configured in-flight cap of one endpoint (before any adaptive change)."""
+        return self.endpoint_caps.get(endpoint, self.max_inflight)
 
     @field_validator("run")
     @classmethod

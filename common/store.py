@@ -115,6 +115,25 @@ redis.call('DEL', KEYS[1])
 return n
 """
 
+# KEYS: leases, lease_owner   returns the ids whose lease expired (their holder is gone)
+_REAP_EXPIRED = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+for i = 1, #ids do
+  redis.call('ZREM', KEYS[1], ids[i])
+  redis.call('HDEL', KEYS[2], ids[i])
+end
+return ids
+"""
+
+# KEYS: pending, results, ready   ARGV: id   re-publish a result the collector can't see
+_REQUEUE_RESULT = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 0 end
+redis.call('RPUSH', KEYS[3], ARGV[1])
+return 1
+"""
+
 # KEYS: lock   ARGV: token, ttl_ms
 _LOCK = """
 local holder = redis.call('GET', KEYS[1])
@@ -188,6 +207,8 @@ class RunStore:
         self._store_failure = reg(_STORE_FAILURE)
         self._requeue_failed = reg(_REQUEUE_FAILED)
         self._commit_collected = reg(_COMMIT_COLLECTED)
+        self._reap_expired = reg(_REAP_EXPIRED)
+        self._requeue_result = reg(_REQUEUE_RESULT)
         self._lock = reg(_LOCK)
         self._unlock = reg(_UNLOCK)
 
@@ -304,6 +325,33 @@ class RunStore:
         """Bump a run counter (retries, errors by class, wasted tokens)."""
         self.r.hincrby(self.keys.counters, counter, amount)
 
+    # -- reconciliation ---------------------------------------------------------------
+    def reap_expired_leases(self) -> list[str]:
+        """Drop leases whose holder stopped renewing them; returns those sample ids."""
+        return [str(x) for x in self._reap_expired(keys=[self.keys.leases, self.keys.lease_owner])]
+
+    def pending_ids(self) -> set[str]:
+        """Every pending id (bounded by the producer's max_pending)."""
+        return {str(x) for x in self.r.sscan_iter(self.keys.pending, count=1000)}
+
+    def leased_ids(self) -> set[str]:
+        """Ids with a lease (live or not yet reaped)."""
+        return {str(x) for x in self.r.zrange(self.keys.leases, 0, -1)}
+
+    def orphan_results(self) -> list[str]:
+        """Stored results that neither the ready nor the collecting list names."""
+        k = self.keys
+        if self.r.hlen(k.results) <= self.r.llen(k.ready) + self.r.llen(k.collecting):
+            return []  # the common case, checked in O(1)
+        listed = {str(x) for x in self.r.lrange(k.ready, 0, -1)}
+        listed |= {str(x) for x in self.r.lrange(k.collecting, 0, -1)}
+        return [str(i) for i in self.r.hkeys(k.results) if i not in listed]
+
+    def requeue_result(self, sample_id: str) -> bool:
+        """Put a stored result back on the collector's ready list."""
+        k = self.keys
+        return bool(self._requeue_result(keys=[k.pending, k.results, k.ready], args=[sample_id]))
+
     # -- failures -----------------------------------------------------------------------
     def failures(self) -> dict[str, Failure]:
         """Failed samples and why."""
@@ -372,6 +420,11 @@ class RunStore:
             failed=failed, written=written, completion_tokens=tokens, retries=retries,
             started_at=float(created) if created else None,
         )  # fmt: skip
+
+    @staticmethod
+    def known_runs(client: redis.Redis, prefix: str) -> list[str]:
+        """Names of every run in this Redis."""
+        return sorted(str(x) for x in client.smembers(runs_key(prefix)))
 
     def delete(self) -> None:
         """Remove every key of the run."""

@@ -9,10 +9,12 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 
 import redis
 
 from common import errors
+from common.keys import reconciler_lock_key
 from common.models import Failure, GenParams, Sample, TurnResult
 from common.settings import Settings
 from common.store import RunStore, connect
@@ -20,13 +22,15 @@ from worker.endpoints import EndpointPool
 from worker.generate import Messages, answer_turns, build_record
 
 log = logging.getLogger("eaglegen.worker")
+Publish = Callable[[str, list[str]], object]
 
 
 class WorkerRuntime:
     """Everything a task needs, built once per worker process."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, publish: Publish) -> None:
         self.settings = settings
+        self.publish = publish
         self.redis: redis.Redis = connect(settings.redis_url)
         self.endpoints = EndpointPool(settings)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -35,8 +39,26 @@ class WorkerRuntime:
         self._held: dict[tuple[str, str], threading.Event] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._drain_deadline: float | None = None
         self._renewer = threading.Thread(target=self._renew_loop, name="lease-renewer", daemon=True)
         self._renewer.start()
+        self._reconciler: threading.Thread | None = None
+
+    def start_reconciler(self) -> None:
+        """Run reconciliation passes in the background (one process cluster-wide at a time)."""
+        if self._reconciler is None:
+            self._reconciler = threading.Thread(
+                target=self._reconcile_loop, name="reconciler", daemon=True
+            )
+            self._reconciler.start()
+
+    def begin_drain(self) -> None:
+        """SIGTERM: let in-flight generations finish within the grace time, then hand back."""
+        self._drain_deadline = time.monotonic() + self.settings.shutdown_grace
+        log.warning(
+            "stopping: in-flight samples get %.0f s to finish, then go back to the queue",
+            self.settings.shutdown_grace,
+        )
 
     def store(self, run: str) -> RunStore:
         """The run's store (cached)."""
@@ -77,6 +99,8 @@ class WorkerRuntime:
         def check() -> None:
             if cancelled.is_set():
                 raise errors.LeaseLost(f"lease on {sample_id} taken by another worker")
+            if self._drain_deadline is not None and time.monotonic() > self._drain_deadline:
+                raise errors.HandedBack(f"worker stopping; {sample_id} goes back to the queue")
 
         turns = answer_turns(
             sample, params, store.load_partial(sample_id),
@@ -138,6 +162,20 @@ class WorkerRuntime:
                     event = self._held.get((run, lost))
                 if event is not None:
                     event.set()
+
+    def _reconcile_loop(self) -> None:
+        from worker.reconcile import Reconciler
+
+        reconciler = Reconciler(self.redis, self.settings, self.publish)
+        interval = self.settings.reconcile_interval
+        lock = reconciler_lock_key(self.settings.key_prefix)
+        while not self._stop.wait(interval):
+            try:
+                # One reconciler per cluster per interval: the lock outlives the pass.
+                if self.redis.set(lock, self.owner, nx=True, px=int(interval * 900)):
+                    reconciler.run_once()
+            except redis.RedisError as exc:
+                log.warning("reconciliation skipped: %s", exc)
 
     def close(self) -> None:
         """Stop renewing and close connections."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from common import errors
 from common.backoff import backoff_delay
 
@@ -22,6 +24,13 @@ def register_tasks(app: EagleGenCelery) -> None:
         settings = app.settings
         try:
             return runtime.process(run, sample_id)
+        except errors.HandedBack:
+            app.publish_samples(run, [sample_id])
+            return "handed-back"
+        except redis.RedisError as exc:
+            # Redis restarting: try again soon; if even this publish fails, the reconciler
+            # finds the sample (pending, no lease, no message) and re-enqueues it.
+            raise self.retry(countdown=5.0, exc=exc) from None
         except errors.PermanentError as exc:
             runtime.fail(run, sample_id, exc)
             return "failed"

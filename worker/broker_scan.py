@@ -1,0 +1,79 @@
+"""Which samples have a task message somewhere in the broker (kombu's Redis transport).
+
+A message is either waiting in a queue list, or delivered and unacked (kombu keeps those in
+the ``unacked`` hash with their delivery time in ``unacked_index``). The reconciler needs both
+to tell a lost sample from one that is merely queued.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import redis
+
+from worker.tasks import GENERATE_TASK
+
+# kombu.transport.redis: PRIORITY_STEPS and Channel.sep / unacked_key / unacked_index_key.
+PRIORITY_STEPS = (0, 3, 6, 9)
+PRIORITY_SEP = "\x06\x16"
+UNACKED = "unacked"
+UNACKED_INDEX = "unacked_index"
+
+
+@dataclass(frozen=True)
+class MessageRef:
+    """A task message for (run, sample): queued, or delivered at ``since`` (epoch seconds)."""
+
+    run: str
+    sample_id: str
+    queued: bool
+    since: float
+
+
+def queued_refs(client: redis.Redis, queue: str) -> Iterator[MessageRef]:
+    """Every generate-task message waiting in ``queue`` (all priority sub-queues)."""
+    for step in PRIORITY_STEPS:
+        name = queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}"
+        for raw in client.lrange(name, 0, -1):
+            ref = _ref(json.loads(raw), queued=True, since=0.0)
+            if ref is not None:
+                yield ref
+
+
+def unacked_refs(client: redis.Redis) -> Iterator[MessageRef]:
+    """Every delivered, not yet acknowledged generate-task message, with its delivery time."""
+    scored: Any = client.zrange(UNACKED_INDEX, 0, -1, withscores=True)
+    delivered = {str(tag): float(score) for tag, score in scored}
+    for tag, raw in client.hgetall(UNACKED).items():
+        message = json.loads(raw)[0]
+        since = _eta(message) or delivered.get(str(tag), 0.0)
+        ref = _ref(message, queued=False, since=since)
+        if ref is not None:
+            yield ref
+
+
+def _ref(message: dict[str, Any], queued: bool, since: float) -> MessageRef | None:
+    headers = message.get("headers") or {}
+    if headers.get("task") != GENERATE_TASK:
+        return None
+    try:
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        return MessageRef(str(args[0]), str(args[1]), queued, since)
+    except (KeyError, IndexError, ValueError, TypeError):
+        return None
+
+
+def _eta(message: dict[str, Any]) -> float | None:
+    # A retry waiting out its backoff sits in unacked until its ETA: it is alive until then.
+    eta = (message.get("headers") or {}).get("eta")
+    if not eta:
+        return None
+    try:
+        return datetime.fromisoformat(eta).timestamp()
+    except ValueError:
+        return None

@@ -1,0 +1,103 @@
+"""The reconciler: finds samples that fell through and puts them back in the queue.
+
+Celery on Redis is at-least-once at best: a message can be lost (a retry whose publish failed,
+a Redis restart losing its last second, a crash between two steps) and a dead worker's
+messages only come back after the visibility timeout, hours away. The reconciler compares each
+run's pending ids with the live leases and the broker's messages and re-publishes the rest.
+A duplicate message is harmless (the worker acks it without calling the model), so when in
+doubt it publishes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import redis
+
+from common.settings import Settings
+from common.store import RunStore
+from worker.broker_scan import MessageRef, queued_refs, unacked_refs
+
+log = logging.getLogger("eaglegen.reconcile")
+Publish = Callable[[str, list[str]], object]
+
+
+@dataclass
+class RunReport:
+    """What one reconciliation pass found and fixed in one run."""
+
+    run: str
+    pending: int = 0
+    expired_leases: list[str] = field(default_factory=list)
+    republished: list[str] = field(default_factory=list)
+    results_relisted: list[str] = field(default_factory=list)
+
+    @property
+    def fixed(self) -> int:
+        """Samples put back on their way."""
+        return len(self.republished) + len(self.results_relisted)
+
+    def line(self) -> str:
+        """One line for logs and the CLI."""
+        return (
+            f"run {self.run}: pending {self.pending}, expired leases "
+            f"{len(self.expired_leases)}, re-enqueued {len(self.republished)}, results "
+            f"re-listed for the collector {len(self.results_relisted)}"
+        )
+
+
+def lost_samples(
+    pending: set[str], leased: set[str], refs: Iterable[MessageRef], now: float, grace: float
+) -> set[str]:
+    """Pending ids with neither a lease nor a message that is still alive.
+
+    A queued message is alive. A delivered one is alive for ``grace`` seconds after its
+    delivery (or its retry ETA): a live worker takes the lease at once, so a delivered message
+    with no lease after that long belongs to a dead worker.
+    """
+    alive = {r.sample_id for r in refs if r.queued or now - r.since < grace}
+    return pending - leased - alive
+
+
+class Reconciler:
+    """Runs reconciliation passes over every run (or one)."""
+
+    def __init__(self, client: redis.Redis, settings: Settings, publish: Publish) -> None:
+        self.r = client
+        self.settings = settings
+        self.publish = publish
+
+    def run_once(self, runs: list[str] | None = None) -> list[RunReport]:
+        """One pass; returns a report per run that has pending work or a fix."""
+        names = runs or RunStore.known_runs(self.r, self.settings.key_prefix)
+        refs = self._message_refs()
+        reports = [self._reconcile(name, refs.get(name, [])) for name in names]
+        for report in reports:
+            if report.fixed or report.expired_leases:
+                log.warning("reconciled %s", report.line())
+        return reports
+
+    def _message_refs(self) -> dict[str, list[MessageRef]]:
+        by_run: dict[str, list[MessageRef]] = defaultdict(list)
+        for ref in [*queued_refs(self.r, self.settings.queue), *unacked_refs(self.r)]:
+            by_run[ref.run].append(ref)
+        return by_run
+
+    def _reconcile(self, run: str, refs: list[MessageRef]) -> RunReport:
+        store = RunStore(self.r, self.settings.key_prefix, run)
+        report = RunReport(run, expired_leases=store.reap_expired_leases())
+        pending = store.pending_ids()
+        report.pending = len(pending)
+        if pending:
+            lost = lost_samples(
+                pending, store.leased_ids(), refs, time.time(), self.settings.lease_ttl
+            )
+            report.republished = sorted(lost)
+            if lost:
+                self.publish(run, report.republished)
+        report.results_relisted = [i for i in store.orphan_results() if store.requeue_result(i)]
+        return report
