@@ -14,6 +14,21 @@ def runs_key(prefix: str) -> str:
     return f"{prefix}:runs"
 
 
+def reconciler_lock_key(prefix: str) -> str:
+    """Held by the one worker process running a reconciliation pass."""
+    return f"{prefix}:reconciler_lock"
+
+
+def endpoint_key(prefix: str, name: str, endpoint: str = "") -> str:
+    """A global (not per-run) key about endpoints: slots, cap, adaptive lock, drained set.
+
+    All share the hash tag ``{endpoints}`` so one Lua script can pick an endpoint and take a
+    slot in it atomically, on Redis Cluster too.
+    """
+    base = f"{prefix}:{{endpoints}}:{name}"
+    return f"{base}:{endpoint}" if endpoint else base
+
+
 @dataclass(frozen=True)
 class RunKeys:
     """Names of one run's keys."""
