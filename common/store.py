@@ -17,6 +17,7 @@ import redis
 from common.errors import RunMismatch
 from common.keys import RunKeys, runs_key
 from common.models import Failure, GenParams, Sample, TurnResult
+from common.redis_url import is_sentinel, sentinel_master_client
 
 # KEYS: accepted, pending, prompts   ARGV: id, sample json
 _ACCEPT = """
@@ -40,14 +41,15 @@ redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
 return 'ok'
 """
 
-# KEYS: leases, lease_owner   ARGV: owner, ttl_ms, id...   returns ids no longer ours
+# KEYS: leases, lease_owner   ARGV: ttl_ms, id1, owner1, id2, owner2...
+# returns the ids whose lease is no longer held by the given owner
 _RENEW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lost = {}
-for i = 3, #ARGV do
-  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[1] then
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[i])
+for i = 2, #ARGV, 2 do
+  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
   else
     table.insert(lost, ARGV[i])
   end
@@ -275,13 +277,14 @@ class RunStore:
         )
         return outcome  # type: ignore[no-any-return]
 
-    def renew(self, ids: list[str], owner: str, ttl_s: float) -> list[str]:
-        """Extend our leases; returns the ids whose lease someone else now holds."""
-        if not ids:
+    def renew(self, held: list[tuple[str, str]], ttl_s: float) -> list[str]:
+        """Extend leases given as (id, owner); returns the ids someone else now holds."""
+        if not held:
             return []
-        lost = self._renew(
-            keys=[self.keys.leases, self.keys.lease_owner], args=[owner, int(ttl_s * 1000), *ids]
-        )
+        args: list[object] = [int(ttl_s * 1000)]
+        for sample_id, owner in held:
+            args += [sample_id, owner]
+        lost = self._renew(keys=[self.keys.leases, self.keys.lease_owner], args=args)
         return [str(x) for x in lost]
 
     def release(self, sample_id: str, owner: str) -> None:
@@ -437,8 +440,17 @@ def _describe_diff(stored: GenParams, wanted: GenParams) -> str:
     return ", ".join(f"{name}: {a[name]!r} != {b[name]!r}" for name in a if a[name] != b[name])
 
 
-def connect(url: str) -> redis.Redis:
-    """A Redis client that returns str and fails fast when the server is down."""
+def connect(url: str, sentinel_master: str | None = None) -> redis.Redis:
+    """A Redis client that returns str and fails fast when the server is down.
+
+    ``redis://`` and ``rediss://`` URLs (user, password, db, TLS ``ssl_*`` options) go to
+    redis-py as they are; ``sentinel://`` asks the sentinels where ``sentinel_master`` is.
+    """
+    if is_sentinel(url):
+        return sentinel_master_client(
+            url, sentinel_master, decode_responses=True, socket_connect_timeout=5,
+            health_check_interval=30,
+        )  # fmt: skip
     return redis.Redis.from_url(
         url, decode_responses=True, socket_connect_timeout=5, health_check_interval=30
     )

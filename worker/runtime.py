@@ -15,7 +15,9 @@ import redis
 
 from common import errors
 from common.keys import reconciler_lock_key
+from common.logs import secrets_of
 from common.models import Failure, GenParams, Sample, TurnResult
+from common.redact import redact
 from common.settings import Settings
 from common.store import RunStore, connect
 from worker.endpoints import EndpointPool
@@ -31,12 +33,14 @@ class WorkerRuntime:
     def __init__(self, settings: Settings, publish: Publish) -> None:
         self.settings = settings
         self.publish = publish
-        self.redis: redis.Redis = connect(settings.redis_url)
-        self.endpoints = EndpointPool(settings)
+        self.redis: redis.Redis = connect(settings.redis_url, settings.redis_sentinel_master)
+        self.endpoints = EndpointPool(settings, self.redis)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._stores: dict[str, RunStore] = {}
         self._params: dict[str, GenParams] = {}
-        self._held: dict[tuple[str, str], threading.Event] = {}
+        # (run, id) -> (lease token, cancel event). A token per generation, not per process:
+        # a duplicate message taken by another thread of this process must not share a lease.
+        self._held: dict[tuple[str, str], tuple[str, threading.Event]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._drain_deadline: float | None = None
@@ -79,16 +83,17 @@ class WorkerRuntime:
     def process(self, run: str, sample_id: str) -> str:
         """Generate one sample under a lease; returns what happened (for the task's result)."""
         store = self.store(run)
-        outcome = store.acquire(sample_id, self.owner, self.settings.lease_ttl)
+        token = f"{self.owner}:{uuid.uuid4().hex[:8]}"
+        outcome = store.acquire(sample_id, token, self.settings.lease_ttl)
         if outcome != "ok":
             log.debug("skip %s/%s: %s", run, sample_id, outcome)
             return f"skipped:{outcome}"
-        cancelled = self._hold(run, sample_id)
+        cancelled = self._hold(run, sample_id, token)
         try:
             return self._generate(store, sample_id, cancelled)
         finally:
             self._drop(run, sample_id)
-            store.release(sample_id, self.owner)
+            store.release(sample_id, token)
 
     def _generate(self, store: RunStore, sample_id: str, cancelled: threading.Event) -> str:
         sample = store.load_sample(sample_id)
@@ -110,7 +115,7 @@ class WorkerRuntime:
         return self._finish(store, sample, params, turns)
 
     def _call(self, messages: Messages, params: GenParams, check: object) -> TurnResult:
-        with self.endpoints.borrow() as client:
+        with self.endpoints.borrow(check) as client:  # type: ignore[arg-type]
             return client.complete(messages, params, check)  # type: ignore[arg-type]
 
     def _finish(
@@ -125,17 +130,18 @@ class WorkerRuntime:
     def fail(self, run: str, sample_id: str, exc: errors.GenerationError) -> None:
         """Record a sample as failed, with the error's class and message."""
         store = self.store(run)
+        # The reason is kept in Redis and shown by `status`; a server may quote the key back.
+        message = redact(str(exc), secrets_of(self.settings))[:1000]
         failure = Failure(
-            kind=exc.kind, message=str(exc)[:1000], attempts=store.attempts(sample_id),
-            at=time.time(),
-        )  # fmt: skip
+            kind=exc.kind, message=message, attempts=store.attempts(sample_id), at=time.time()
+        )
         store.store_failure(sample_id, failure)
         log.warning("failed %s/%s: %s", run, sample_id, failure.message)
 
-    def _hold(self, run: str, sample_id: str) -> threading.Event:
+    def _hold(self, run: str, sample_id: str, token: str) -> threading.Event:
         event = threading.Event()
         with self._lock:
-            self._held[(run, sample_id)] = event
+            self._held[(run, sample_id)] = (token, event)
         return event
 
     def _drop(self, run: str, sample_id: str) -> None:
@@ -153,15 +159,15 @@ class WorkerRuntime:
 
     def _renew_once(self) -> None:
         with self._lock:
-            by_run: dict[str, list[str]] = defaultdict(list)
-            for run, sample_id in self._held:
-                by_run[run].append(sample_id)
-        for run, ids in by_run.items():
-            for lost in self.store(run).renew(ids, self.owner, self.settings.lease_ttl):
+            by_run: dict[str, list[tuple[str, str]]] = defaultdict(list)
+            for (run, sample_id), (token, _) in self._held.items():
+                by_run[run].append((sample_id, token))
+        for run, held in by_run.items():
+            for lost in self.store(run).renew(held, self.settings.lease_ttl):
                 with self._lock:
-                    event = self._held.get((run, lost))
-                if event is not None:
-                    event.set()
+                    entry = self._held.get((run, lost))
+                if entry is not None:
+                    entry[1].set()
 
     def _reconcile_loop(self) -> None:
         from worker.reconcile import Reconciler
