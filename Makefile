@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 WORKERS ?= 2
 export EAGLEGEN_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: help install install-dev demo test test-unit lint format bench up down logs ps worker collector flower redis clean
+.PHONY: chaos help install install-dev demo test test-unit lint format bench up down logs ps worker collector flower redis clean
 
 help:
 	@echo "make demo      run the bundled prompts end to end (simulator, worker, collector)"
@@ -69,6 +69,9 @@ logs:
 
 ps:
 	docker compose ps
+
+chaos: install-dev
+	$(PY) scripts/chaos.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache out .eaglegen

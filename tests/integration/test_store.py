@@ -1,0 +1,90 @@
+"""The run store's atomic transitions, against a real Redis."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from common.models import Failure, Sample, SourceRef
+from common.store import RunStore
+
+
+@pytest.fixture
+def store(rdb) -> RunStore:
+    return RunStore(rdb, "eaglegen", "unit")
+
+
+def _sample(i: int) -> Sample:
+    return Sample(
+        id=f"s{i}", user_turns=[f"q{i}"], source=SourceRef(dataset="d", row=i, format="prompt")
+    )
+
+
+def test_a_sample_is_accepted_once_ever(store):
+    assert store.accept([_sample(1), _sample(2)]) == [True, True]
+    assert store.accept([_sample(1)]) == [False]
+    assert store.known(["s1", "s3"]) == [True, False]
+
+
+def test_a_live_lease_turns_away_every_other_holder(store):
+    store.accept([_sample(1)])
+    assert store.acquire("s1", "worker-a:gen-1", 30) == "ok"
+    assert store.acquire("s1", "worker-a:gen-2", 30) == "leased"  # same process, other thread
+    assert store.acquire("s1", "worker-b:gen-1", 30) == "leased"
+
+
+def test_an_expired_lease_can_be_taken_over_and_the_old_holder_learns_it(store):
+    store.accept([_sample(1)])
+    assert store.acquire("s1", "old", 0.05) == "ok"
+    time.sleep(0.1)  # let the lease expire: Redis time is the clock here
+    assert store.acquire("s1", "new", 30) == "ok"
+    assert store.renew([("s1", "old")], 30) == ["s1"]
+    assert store.renew([("s1", "new")], 30) == []
+
+
+def test_a_result_is_stored_once_and_ends_the_lease(store):
+    store.accept([_sample(1)])
+    store.acquire("s1", "a", 30)
+    assert store.store_result("s1", '{"id": "s1"}', 7) is True
+    assert store.store_result("s1", '{"id": "s1"}', 7) is False
+    assert store.acquire("s1", "b", 30) == "done"
+    counts = store.counts()
+    assert (counts.done, counts.pending, counts.in_flight, counts.completion_tokens) == (1, 0, 0, 7)
+
+
+def test_collected_results_leave_redis_and_count_as_written_once(store):
+    store.accept([_sample(1), _sample(2)])
+    store.store_result("s1", "{}", 1)
+    store.store_result("s2", "{}", 1)
+    assert store.take_ready(10, 0) == ["s1", "s2"]
+    assert store.collecting() == ["s1", "s2"]
+    assert store.commit_collected() == 2
+    assert store.commit_collected() == 0
+    assert store.counts().written == 2 and store.results_for(["s1"]) == [None]
+
+
+def test_failed_samples_go_back_to_pending_on_request(store):
+    store.accept([_sample(1)])
+    store.store_failure("s1", Failure(kind="400", message="too long", attempts=1, at=0.0))
+    assert store.counts().failed == 1
+    assert store.requeue_failed() == ["s1"]
+    counts = store.counts()
+    assert (counts.failed, counts.pending) == (0, 1)
+
+
+def test_expired_leases_are_reaped_and_live_ones_kept(store):
+    store.accept([_sample(1), _sample(2)])
+    store.acquire("s1", "dead", 0.05)
+    store.acquire("s2", "alive", 30)
+    time.sleep(0.1)
+    assert store.reap_expired_leases() == ["s1"]
+    assert store.leased_ids() == {"s2"}
+
+
+def test_results_missing_from_the_ready_list_are_found(store):
+    store.accept([_sample(1)])
+    store.store_result("s1", "{}", 1)
+    store.r.delete(store.keys.ready)  # as if lost in a Redis restart
+    assert store.orphan_results() == ["s1"]
+    assert store.requeue_result("s1") and store.take_ready(5, 0) == ["s1"]
