@@ -233,7 +233,7 @@ def _register_plugins() -> None:
     # Optional roles register their own commands; a missing extra only disables those.
     import importlib
 
-    for name in ("simulator.cli", "training.cli"):
+    for name in ("simulator.cli", "training.cli", "cli.endpoints_cmd"):
         register = getattr(importlib.import_module(name), "register", None)
         if register is not None:
             register(app)

@@ -58,8 +58,8 @@ class Settings(BaseSettings):
         default_factory=dict
     )
     slot_ttl: float = Field(default=30.0, gt=0)  # a dead holder's slot frees itself after this
-    endpoint_failures: int = Field(default=3, ge=1)  # in a row before a cool-down
-    endpoint_cooldown: float = Field(default=30.0, gt=0)  # doubles after each failed probe
+    endpoint_failures: int = Field(default=5, ge=1)  # in a row before a cool-down
+    endpoint_cooldown: float = Field(default=10.0, gt=0)  # doubles after each failed probe
     adaptive: bool = False  # move each cap from the server's /metrics (worker/adaptive.py)
     adaptive_interval: float = Field(default=2.0, gt=0)
     adaptive_max_inflight: int = Field(default=1024, ge=1)

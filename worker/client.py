@@ -98,6 +98,11 @@ class ChatClient:
                 self._model = models[0].id
             return self._model
 
+    def probe(self, timeout: float) -> None:
+        """One cheap request (GET /models) that raises the EagleGen error if the server is down."""
+        with translate_errors(self.endpoint):
+            self._client.with_options(timeout=timeout).models.list()
+
     def complete(
         self, messages: Messages, params: GenParams, check: Callable[[], None] | None = None
     ) -> TurnResult:

@@ -1,38 +1,237 @@
-"""Choosing an endpoint for each request."""
+"""Choosing an endpoint for each request, under cluster-wide caps.
+
+A request waits, holding nothing, for a slot on the endpoint with the most free capacity
+cluster-wide (``worker/capacity.py``), after the optional rate limits let it go. How it ends is
+reported back: an endpoint failing repeatedly is taken out for a cool-down, probed in the
+background and brought back. Drained endpoints (``eaglegen endpoints drain``) get no new
+requests; the ones they run finish.
+"""
 
 from __future__ import annotations
 
-import random
+import logging
+import os
+import socket
 import threading
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import redis
+
+from common import errors
+from common.models import GenParams, TurnResult
 from common.settings import Settings
-from worker.client import ChatClient
+from worker.capacity import CapacityUnavailable, FreeSignal, Slot, SlotTable
+from worker.client import ChatClient, Messages
+from worker.health import EndpointHealth, counts_against
+from worker.ratelimit import RateLimiter
+
+log = logging.getLogger("eaglegen.endpoints")
+
+Check = Callable[[], None]
+FIRST_PAUSE = 0.05  # seconds; a waiter's poll grows from here when no wake-up comes
+MAX_PAUSE = 1.0
+PROBE_TICK = 0.5
 
 
 class EndpointPool:
-    """The configured endpoints; each request goes to the one with the fewest of our calls."""
+    """The configured endpoints, their shared caps, their health, and the threads behind them."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.clients = [ChatClient(url, settings) for url in settings.endpoints]
-        self._inflight = {c.endpoint: 0 for c in self.clients}
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.r = client
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.limiter = _limiter(settings, client)
+        self.clients = {url: _client(url, settings, self.limiter) for url in settings.endpoints}
+        caps = {url: settings.cap_for(url) for url in settings.endpoints}
+        self.table = SlotTable(client, settings.key_prefix, caps, settings.slot_ttl)
+        self.health = {url: _health(settings) for url in settings.endpoints}
+        self.signal = FreeSignal()
+        self._held: set[Slot] = set()
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [self._start(self._renew_loop, "slot-renewer"),
+                         self._start(self._probe_loop, "endpoint-prober"),
+                         self._start(self._listen, "slot-wakeups")]  # fmt: skip
+        if settings.adaptive:
+            self._threads.append(self._start(self._adapt, "adaptive-caps"))
 
     @contextmanager
-    def borrow(self) -> Iterator[ChatClient]:
-        """The least busy endpoint's client, counted busy while the block runs."""
-        with self._lock:
-            low = min(self._inflight.values())
-            client = random.choice([c for c in self.clients if self._inflight[c.endpoint] == low])
-            self._inflight[client.endpoint] += 1
+    def borrow(self, check: Check | None = None) -> Iterator[ChatClient]:
+        """A slot on the endpoint with the most free capacity, and its client, for one request.
+
+        ``check`` runs while waiting and may raise to give up (the sample's lease was lost).
+        """
+        slot = self._acquire(check)
         try:
-            yield client
+            yield self.clients[slot.endpoint]
+        except errors.GenerationError as exc:
+            self._record(slot.endpoint, exc)
+            raise
+        else:
+            self._record(slot.endpoint, None)
         finally:
-            with self._lock:
-                self._inflight[client.endpoint] -= 1
+            self._release(slot)
+
+    def held(self) -> int:
+        """Slots this process holds now."""
+        with self._lock:
+            return len(self._held)
 
     def close(self) -> None:
-        """Close every client."""
-        for client in self.clients:
+        """Stop the threads, give back held slots, close every client."""
+        self._stop.set()
+        self.signal.notify_all()
+        with self._lock:
+            held = list(self._held)
+        for slot in held:
+            self._release(slot)
+        for client in self.clients.values():
             client.close()
+
+    # -- taking and giving back slots ----------------------------------------------------
+    def _acquire(self, check: Check | None) -> Slot:
+        if self.limiter is not None:
+            self.limiter.wait_turn(check, self._stop)
+        token = f"{self.owner}:{uuid.uuid4().hex[:12]}"
+        deadline = time.monotonic() + self.settings.max_request_time
+        pause = FIRST_PAUSE
+        while True:
+            seen = self.signal.generation()
+            endpoint = self._try(token)
+            if endpoint is not None:
+                return self._hold(Slot(endpoint, token))
+            if check is not None:
+                check()
+            if time.monotonic() > deadline or self._stop.is_set():
+                raise CapacityUnavailable("no endpoint had a free slot within max_request_time")
+            self.signal.wait(seen, pause)
+            pause = min(pause * 2, MAX_PAUSE)
+
+    def _try(self, token: str) -> str | None:
+        with self._lock:
+            eligible = [url for url, health in self.health.items() if not health.out]
+        if not eligible:
+            return None
+        try:
+            return self.table.try_acquire(token, eligible)
+        except redis.RedisError as exc:
+            raise CapacityUnavailable(f"cannot take an endpoint slot: {exc}") from exc
+
+    def _hold(self, slot: Slot) -> Slot:
+        with self._lock:
+            self._held.add(slot)
+        return slot
+
+    def _release(self, slot: Slot) -> None:
+        with self._lock:
+            if slot not in self._held:
+                return
+            self._held.discard(slot)
+        try:
+            self.table.release(slot)
+        except redis.RedisError as exc:
+            log.warning("slot on %s not given back (%s); it expires by itself", slot.endpoint, exc)
+        self.signal.notify()
+
+    # -- endpoint health -----------------------------------------------------------------
+    def _record(self, endpoint: str, exc: errors.GenerationError | None) -> None:
+        with self._lock:
+            health = self.health[endpoint]
+            if exc is None:
+                changed = health.success()
+            elif counts_against(exc):
+                others_in = any(not h.out for url, h in self.health.items() if url != endpoint)
+                changed = health.failure(time.monotonic(), others_in)
+            else:
+                return
+        if changed and exc is None:
+            log.warning("endpoint %s is back", endpoint)
+            self.signal.notify_all()
+        elif changed:
+            log.warning("endpoint %s taken out after %d failures in a row: %s",
+                        endpoint, health.failures, exc)  # fmt: skip
+
+    def _probe_loop(self) -> None:
+        while not self._stop.wait(PROBE_TICK):
+            now = time.monotonic()
+            with self._lock:
+                due = [url for url, health in self.health.items() if health.probe_due(now)]
+            for url in due:
+                self._probe(url)
+
+    def _probe(self, url: str) -> None:
+        try:
+            self.clients[url].probe(self.settings.connect_timeout)
+        except errors.GenerationError as exc:
+            with self._lock:
+                self.health[url].probe_failed(time.monotonic())
+                until = self.health[url].out_until or 0.0
+            log.warning("endpoint %s still down (%s); next probe in %.0f s",
+                        url, exc, until - time.monotonic())  # fmt: skip
+            return
+        self._record(url, None)
+
+    # -- background ----------------------------------------------------------------------
+    def _start(self, target: Callable[[], None], name: str) -> threading.Thread:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    def _renew_loop(self) -> None:
+        # By time, not by stream progress: a request the server queues for minutes is still ours.
+        while not self._stop.wait(self.settings.slot_ttl / 3):
+            with self._lock:
+                held = list(self._held)
+            try:
+                lost = self.table.renew(held)
+            except redis.RedisError as exc:
+                log.warning("slot renewal failed: %s", exc)
+                continue
+            if lost:
+                log.warning("%d slot leases had expired before renewal; counted again", lost)
+
+    def _listen(self) -> None:
+        self.signal.listen(self.r, self.table.channel, self._stop)
+
+    def _adapt(self) -> None:
+        from worker.adaptive import AdaptiveDriver
+
+        AdaptiveDriver(self.settings, self.r, self.table).run(self._stop)
+
+
+class _MeteredClient(ChatClient):
+    """A client that charges each turn's tokens to the tokens/min limit."""
+
+    def __init__(self, endpoint: str, settings: Settings, limiter: RateLimiter) -> None:
+        super().__init__(endpoint, settings)
+        self._limiter = limiter
+
+    def complete(
+        self, messages: Messages, params: GenParams, check: Check | None = None
+    ) -> TurnResult:
+        """Generate one turn, then count its tokens."""
+        turn = super().complete(messages, params, check)
+        try:
+            self._limiter.charge_tokens(turn.usage.prompt_tokens + turn.usage.completion_tokens)
+        except redis.RedisError as exc:  # the answer is good; losing one charge is the lesser harm
+            log.warning("tokens/min not charged: %s", exc)
+        return turn
+
+
+def _limiter(settings: Settings, client: redis.Redis) -> RateLimiter | None:
+    if settings.rpm is None and settings.tpm is None:
+        return None
+    return RateLimiter(client, settings.key_prefix, settings.rpm, settings.tpm)
+
+
+def _client(url: str, settings: Settings, limiter: RateLimiter | None) -> ChatClient:
+    if limiter is not None and limiter.tpm is not None:
+        return _MeteredClient(url, settings, limiter)
+    return ChatClient(url, settings)
+
+
+def _health(settings: Settings) -> EndpointHealth:
+    return EndpointHealth(settings.endpoint_failures, settings.endpoint_cooldown)

@@ -1,0 +1,172 @@
+"""Cluster-wide caps, routing, health and drains: real Redis, simulators and worker processes.
+
+This module uses its own Redis database (12 unless EAGLEGEN_CAPACITY_REDIS_URL says
+otherwise) so that it can run beside the other suites on one server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from common.store import connect
+from tests.integration.conftest import Stack, free_port, wait_for
+from worker.capacity import Slot, SlotTable
+from worker.ratelimit import RateLimiter
+
+FAST = ("--time-per-token", "0.01", "--max-answer-tokens", "40", "--reasoning-tokens", "0")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    url = os.environ.get("EAGLEGEN_CAPACITY_REDIS_URL", "redis://127.0.0.1:6379/12")
+    try:
+        connect(url).ping()
+    except redis.RedisError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"Redis at {url} is needed in CI: {exc}")
+        pytest.skip(f"no Redis at {url}: {exc}")
+    return url
+
+
+def _prompts(tmp: Path, n: int, tag: str = "q") -> Path:
+    path = tmp / f"{tag}-{n}.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{tag} question {i}"}) + "\n" for i in range(n)))
+    return path
+
+
+def _stats(url: str) -> dict:
+    return httpx.get(f"{url}/sim/stats", timeout=5).json()
+
+
+def _table(stack: Stack, caps: dict[str, int], ttl: float = 30) -> SlotTable:
+    return SlotTable(stack.store.r, stack.settings.key_prefix, caps, ttl)
+
+
+# -- the Redis side, without processes -------------------------------------------------------
+
+
+def test_each_slot_goes_to_the_endpoint_with_the_most_free_capacity(stack: Stack):
+    table = _table(stack, {"http://a/v1": 2, "http://b/v1": 4})
+    both = ["http://a/v1", "http://b/v1"]
+    taken = [table.try_acquire(f"t{i}", both) for i in range(7)]
+    assert taken[:2] == ["http://b/v1", "http://b/v1"]  # 4 free beats 2 free
+    assert sorted(taken[2:6]) == ["http://a/v1"] * 2 + ["http://b/v1"] * 2
+    assert taken[6] is None  # both full
+    table.release(Slot("http://a/v1", f"t{taken.index('http://a/v1')}"))
+    assert table.try_acquire("t7", both) == "http://a/v1"
+
+
+def test_drained_ineligible_and_adaptively_capped_endpoints_are_respected(stack: Stack):
+    table = _table(stack, {"http://a/v1": 8, "http://b/v1": 8})
+    both = ["http://a/v1", "http://b/v1"]
+    table.drain("http://a/v1")
+    assert {table.try_acquire(f"t{i}", both) for i in range(4)} == {"http://b/v1"}
+    assert table.try_acquire("x", ["http://a/v1"]) is None
+    table.undrain("http://a/v1")
+    table.set_cap("http://b/v1", 4, ttl_s=30)  # b holds 4 already: full under the stored cap
+    assert {table.try_acquire(f"u{i}", both) for i in range(3)} == {"http://a/v1"}
+    views = {v.endpoint: v for v in table.snapshot()}
+    assert (views["http://b/v1"].cap, views["http://b/v1"].adaptive) == (4, True)
+    assert (views["http://a/v1"].inflight, views["http://a/v1"].cap) == (3, 8)
+
+
+def test_an_expired_slot_frees_itself_and_a_late_renewal_counts_it_again(stack: Stack):
+    table = _table(stack, {"http://a/v1": 1}, ttl=0.3)
+    assert table.try_acquire("dead", ["http://a/v1"]) == "http://a/v1"
+    assert table.try_acquire("other", ["http://a/v1"]) is None
+    wait_for(lambda: table.snapshot()[0].inflight == 0, 3, "the lease to expire")
+    assert table.try_acquire("other", ["http://a/v1"]) == "http://a/v1"
+    assert table.renew([Slot("http://a/v1", "dead")]) == 1
+    assert table.snapshot()[0].inflight == 2
+
+
+def test_the_request_rate_is_paced_across_limiters_sharing_redis(stack: Stack):
+    prefix = f"rate-{uuid.uuid4().hex[:6]}"
+    one = RateLimiter(stack.store.r, prefix, rpm=600, tpm=None)
+    two = RateLimiter(stack.store.r, prefix, rpm=600, tpm=None)
+    assert one._admit() == 0
+    assert 50 < two._admit() <= 100  # 100 ms apart, whichever process asks
+    tokens = RateLimiter(stack.store.r, prefix, rpm=None, tpm=60_000)  # 1 token per ms
+    assert tokens._admit() == 0
+    tokens.charge_tokens(500)
+    assert 400 < tokens._admit() <= 500
+
+
+# -- real workers ----------------------------------------------------------------------------
+
+
+def test_two_workers_with_a_cap_never_run_more_than_it_on_the_endpoint(stack: Stack, tmp_path):
+    url = stack.simulator("--max-num-seqs", "32", *FAST)
+    stack.env["EAGLEGEN_MAX_INFLIGHT"] = "4"
+    stack.worker(concurrency=8)
+    stack.worker(concurrency=8)
+    stack.collector()
+    stack.enqueue(_prompts(tmp_path, 60))
+    stack.wait_complete(timeout=60)
+    stats = _stats(url)
+    assert stats["peak_running"] == 4  # reached, never exceeded, with 16 threads wanting more
+    assert len(stack.lines()) == 60
+
+
+def test_a_slot_held_by_a_killed_worker_frees_itself_within_its_lease(stack: Stack, tmp_path):
+    stack.simulator("--time-per-token", "1", "--min-answer-tokens", "100")
+    table = _table(stack, {stack.env["EAGLEGEN_ENDPOINTS"]: 3})
+    worker = stack.worker(concurrency=3, EAGLEGEN_MAX_INFLIGHT="3", EAGLEGEN_SLOT_TTL="2")
+    stack.enqueue(_prompts(tmp_path, 3))
+    wait_for(lambda: table.snapshot()[0].inflight == 3, 30, "three slots to be taken")
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    killed = time.monotonic()
+    wait_for(lambda: table.snapshot()[0].inflight == 0, 5, "the dead worker's slots to expire")
+    assert time.monotonic() - killed < 2 + 1  # lease time, plus polling slack
+
+
+def test_a_failing_endpoint_is_taken_out_probed_and_brought_back(stack: Stack, tmp_path):
+    good = stack.simulator("--max-num-seqs", "16", *FAST)
+    dead_port = free_port()  # nothing listens there yet
+    dead = f"http://127.0.0.1:{dead_port}"
+    stack.env["EAGLEGEN_ENDPOINTS"] = f"{dead}/v1,{good}/v1"
+    stack.worker(concurrency=4, EAGLEGEN_ENDPOINT_FAILURES="2", EAGLEGEN_ENDPOINT_COOLDOWN="1")
+    stack.collector()
+    stack.enqueue(_prompts(tmp_path, 20, "first"))
+    stack.wait_complete(timeout=60)
+    assert {r["generation"]["endpoint"] for r in stack.lines()} == {f"{good}/v1"}
+    # Out after 2 failures (plus the few already on their way): not half of the 20 first tries.
+    assert stack.store.counts().retries <= 2 + 3
+    stack.procs.start("simulator", ["simulate", "--port", str(dead_port), *FAST], {})
+    wait_for(lambda: _answers(dead), 30, "the dead endpoint to come up")
+    stack.enqueue(_prompts(tmp_path, 40, "second"))
+    stack.wait_complete(timeout=60)
+    assert _stats(dead)["completed"] > 0  # probed, back, and given work again
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_a_drained_endpoint_gets_no_new_requests(stack: Stack, tmp_path):
+    first = stack.simulator(*FAST)
+    second = stack.simulator(*FAST)
+    stack.env["EAGLEGEN_ENDPOINTS"] = f"{first}/v1,{second}/v1"
+    drained = stack.procs.run(["endpoints", "drain", f"{first}/v1"], stack.env)
+    assert drained.returncode == 0, drained.stderr
+    stack.worker(concurrency=6)
+    stack.collector()
+    stack.enqueue(_prompts(tmp_path, 30))
+    stack.wait_complete(timeout=60)
+    assert _stats(first)["requests"] == 0
+    listing = stack.procs.run(["endpoints", "list", "--json"], stack.env)
+    states = {v["endpoint"]: v["drained"] for v in json.loads(listing.stdout)}
+    assert states == {f"{first}/v1": True, f"{second}/v1": False}

@@ -1,0 +1,257 @@
+"""Cluster-wide in-flight caps per endpoint, held in Redis as slot leases.
+
+Each endpoint has a sorted set of holder token -> lease expiry (ms, Redis clock). One Lua
+script prunes expired leases, picks the eligible endpoint with the most free slots and adds
+the token, so however many worker processes run on however many machines, an endpoint never
+has more requests in flight than its cap; a holder that dies stops renewing and its slot
+frees itself after ``slot_ttl``.
+
+A thread waiting for a slot holds nothing: it is not in any set until the script admits it.
+It sleeps on a condition woken by our own releases at once and by other processes' releases
+through a pub/sub message, with a slow poll as the safety net.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import redis
+
+from common import errors
+from common.keys import endpoint_key
+
+log = logging.getLogger("eaglegen.capacity")
+
+NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS: drained set, then per endpoint its slots zset and its cap string
+# ARGV: token, ttl_ms, rotation, channel, then per endpoint: url, configured cap, eligible 0/1
+# Returns the 1-based index of the endpoint that gave a slot, or 0 when none is free.
+_ACQUIRE = (
+    NOW_MS
+    + """
+local n = (#KEYS - 1) / 2
+local best, best_free = 0, 0
+for j = 0, n - 1 do
+  local i = (j + tonumber(ARGV[3])) % n + 1
+  local slots = KEYS[2 * i]
+  redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
+  local url = ARGV[3 * i + 2]
+  if ARGV[3 * i + 4] == '1' and redis.call('SISMEMBER', KEYS[1], url) == 0 then
+    local cap = tonumber(redis.call('GET', KEYS[2 * i + 1]) or ARGV[3 * i + 3])
+    local free = cap - redis.call('ZCARD', slots)
+    if free > best_free then best, best_free = i, free end
+  end
+end
+if best == 0 then return 0 end
+redis.call('ZADD', KEYS[2 * best], now + tonumber(ARGV[2]), ARGV[1])
+return best
+"""
+)
+
+# KEYS: slots   ARGV: token, channel   (the message wakes waiters in every process)
+_RELEASE = """
+local n = redis.call('ZREM', KEYS[1], ARGV[1])
+if n == 1 then redis.call('PUBLISH', ARGV[2], '1') end
+return n
+"""
+
+# KEYS: slots   ARGV: ttl_ms, token...   returns how many had expired and were put back
+# Put back rather than dropped: the request is still running, so counting it is the truth.
+_RENEW = (
+    NOW_MS
+    + """
+local lost = 0
+for i = 2, #ARGV do
+  lost = lost + redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
+end
+return lost
+"""
+)
+
+# KEYS: per endpoint its slots zset and cap string   ARGV: configured cap per endpoint
+# Returns per endpoint: in flight, effective cap, 1 if the cap comes from Redis else 0.
+_SNAPSHOT = (
+    NOW_MS
+    + """
+local out = {}
+for i = 1, #KEYS / 2 do
+  redis.call('ZREMRANGEBYSCORE', KEYS[2 * i - 1], '-inf', now)
+  local stored = redis.call('GET', KEYS[2 * i])
+  table.insert(out, redis.call('ZCARD', KEYS[2 * i - 1]))
+  table.insert(out, tonumber(stored or ARGV[i]))
+  table.insert(out, stored and 1 or 0)
+end
+return out
+"""
+)
+
+
+class CapacityUnavailable(errors.TransientError):
+    """No slot could be had (Redis unreachable, or every endpoint full or out for too long)."""
+
+    kind = "capacity"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One request's lease on one endpoint's capacity."""
+
+    endpoint: str
+    token: str
+
+
+@dataclass(frozen=True)
+class EndpointView:
+    """One endpoint's capacity as Redis holds it now."""
+
+    endpoint: str
+    inflight: int
+    cap: int
+    adaptive: bool  # the cap was written by an adaptive driver (else it is configured)
+    drained: bool
+
+
+class SlotTable:
+    """The Redis side: take, give back and renew slots; caps and the drained set."""
+
+    def __init__(
+        self, client: redis.Redis, prefix: str, caps: dict[str, int], ttl_s: float
+    ) -> None:
+        self.r = client
+        self.prefix = prefix
+        self.caps = dict(caps)  # configured cap per endpoint, in routing order
+        self.ttl_ms = int(ttl_s * 1000)
+        self.channel = endpoint_key(prefix, "freed")
+        self.drained_key = endpoint_key(prefix, "drained")
+        self._acquire = client.register_script(_ACQUIRE)
+        self._release = client.register_script(_RELEASE)
+        self._renew = client.register_script(_RENEW)
+        self._snapshot = client.register_script(_SNAPSHOT)
+
+    def slots_key(self, endpoint: str) -> str:
+        """Sorted set of the endpoint's slot holders -> lease expiry."""
+        return endpoint_key(self.prefix, "slots", endpoint)
+
+    def cap_key(self, endpoint: str) -> str:
+        """The endpoint's cap when an adaptive driver sets it (expires if the driver stops)."""
+        return endpoint_key(self.prefix, "cap", endpoint)
+
+    def try_acquire(self, token: str, eligible: Collection[str]) -> str | None:
+        """A slot on the eligible endpoint with the most free capacity, or None if all full."""
+        urls = list(self.caps)
+        keys = [self.drained_key]
+        args: list[str | int] = [token, self.ttl_ms, random.randrange(len(urls)), self.channel]
+        for url in urls:
+            keys += [self.slots_key(url), self.cap_key(url)]
+            args += [url, self.caps[url], int(url in eligible)]
+        index = int(self._acquire(keys=keys, args=args))
+        return urls[index - 1] if index else None
+
+    def release(self, slot: Slot) -> None:
+        """Give a slot back and wake waiters everywhere."""
+        self._release(keys=[self.slots_key(slot.endpoint)], args=[slot.token, self.channel])
+
+    def renew(self, slots: Collection[Slot]) -> int:
+        """Extend our leases; returns how many had already expired (then counted again)."""
+        by_endpoint: dict[str, list[str]] = {}
+        for slot in slots:
+            by_endpoint.setdefault(slot.endpoint, []).append(slot.token)
+        lost = 0
+        for url, tokens in by_endpoint.items():
+            lost += int(self._renew(keys=[self.slots_key(url)], args=[self.ttl_ms, *tokens]))
+        return lost
+
+    def snapshot(self) -> list[EndpointView]:
+        """Every configured endpoint's in-flight count, cap and state."""
+        urls = list(self.caps)
+        keys = [key for url in urls for key in (self.slots_key(url), self.cap_key(url))]
+        flat = self._snapshot(keys=keys, args=[self.caps[url] for url in urls])
+        drained = self.drained()
+        return [
+            EndpointView(url, int(flat[3 * i]), int(flat[3 * i + 1]), flat[3 * i + 2] == 1,
+                         url in drained)
+            for i, url in enumerate(urls)
+        ]  # fmt: skip
+
+    def set_cap(self, endpoint: str, cap: int, ttl_s: float, wake: bool = False) -> None:
+        """Store an endpoint's cap for every worker; ``wake`` when it went up."""
+        self.r.set(self.cap_key(endpoint), cap, px=int(ttl_s * 1000))
+        if wake:
+            self.r.publish(self.channel, "cap")
+
+    def drained(self) -> set[str]:
+        """Endpoints that take no new requests."""
+        return {str(url) for url in self.r.smembers(self.drained_key)}
+
+    def drain(self, endpoint: str) -> bool:
+        """Stop sending new requests to an endpoint (running ones finish)."""
+        return bool(self.r.sadd(self.drained_key, endpoint))
+
+    def undrain(self, endpoint: str) -> bool:
+        """Send requests to a drained endpoint again."""
+        back = bool(self.r.srem(self.drained_key, endpoint))
+        self.r.publish(self.channel, "undrain")
+        return back
+
+
+class FreeSignal:
+    """Wakes threads waiting for a slot when one may have freed up."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._generation = 0
+
+    def generation(self) -> int:
+        """A number that changes on every notification (read it before trying for a slot)."""
+        with self._cond:
+            return self._generation
+
+    def wait(self, seen: int, timeout: float) -> None:
+        """Sleep unless a notification came since ``seen`` was read."""
+        with self._cond:
+            if self._generation == seen:
+                self._cond.wait(timeout)
+
+    def notify(self, waiters: int = 1) -> None:
+        """Wake some waiters (they try again; a loser just waits again)."""
+        with self._cond:
+            self._generation += 1
+            self._cond.notify(waiters)
+
+    def notify_all(self) -> None:
+        """Wake every waiter (an endpoint came back, a cap went up)."""
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+
+    def listen(self, client: redis.Redis, channel: str, stop: threading.Event) -> None:
+        """Relay other processes' releases until ``stop``; reconnects after Redis errors."""
+        while not stop.is_set():
+            try:
+                self._relay(client, channel, stop)
+            except redis.RedisError as exc:
+                log.warning("slot wake-ups lost (%s); waiters fall back to polling", exc)
+                stop.wait(1.0)
+
+    def _relay(self, client: redis.Redis, channel: str, stop: threading.Event) -> None:
+        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        try:
+            pubsub.subscribe(channel)
+            while not stop.is_set():
+                message = pubsub.get_message(timeout=0.5)
+                if message is None:
+                    continue
+                if message.get("data") == "1":
+                    self.notify()
+                else:
+                    self.notify_all()
+        finally:
+            pubsub.close()
