@@ -111,7 +111,9 @@ def _turns(value: Any) -> list[str]:
 
 
 def _single_prompt(row: dict[str, Any]) -> str:
-    column = next(col for col in PROMPT_COLUMNS if col in row)
+    column = next((col for col in PROMPT_COLUMNS if col in row), None)
+    if column is None:
+        raise InvalidRow(f"no {', '.join(PROMPT_COLUMNS)} column (format prompt)")
     text = _text(row[column], f"'{column}'")
     extra = row.get("input")
     if column == "instruction" and isinstance(extra, str) and extra.strip():
