@@ -44,7 +44,8 @@ def run_demo(base: Settings, keep: bool = False) -> None:
         }
     )
     out = Path("out") / f"{run}.jsonl"
-    store = RunStore(connect(settings.redis_url), settings.key_prefix, run)
+    client = connect(settings.redis_url, settings.redis_sentinel_master)
+    store = RunStore(client, settings.key_prefix, run)
     store.r.ping()
     started = time.monotonic()
     with _children(settings, port, out, console):

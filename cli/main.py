@@ -61,7 +61,7 @@ def _first_error(exc: ValueError) -> str:
 
 def open_store(settings: Settings) -> RunStore:
     """The run's store, after checking Redis answers (clear error if it does not)."""
-    client = connect(settings.redis_url)
+    client = connect(settings.redis_url, settings.redis_sentinel_master)
     try:
         client.ping()
     except redis.RedisError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from common.redact import redact
+from common.redis_url import passwords
 from common.settings import Settings
 
 
@@ -26,14 +27,8 @@ class RedactingFilter(logging.Filter):
 def secrets_of(settings: Settings) -> list[str]:
     """The secret strings a process must never print."""
     found = [settings.api_key.get_secret_value()] if settings.api_key else []
-    password = _url_password(settings.redis_url)
-    return [*found, password] if password else found
-
-
-def _url_password(url: str) -> str | None:
-    from urllib.parse import urlsplit
-
-    return urlsplit(url).password
+    # Every part of a Sentinel URL, and both the written and the percent-decoded form.
+    return [*found, *passwords(settings.redis_url)]
 
 
 def setup_logging(settings: Settings, level: str = "INFO") -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from common.redis_url import is_sentinel
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -22,7 +24,10 @@ class Settings(BaseSettings):
     )
 
     # Where things are.
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    # May hold a password: kept out of repr() (and so out of logged settings).
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0", repr=False)
+    # The monitored master's name when redis_url lists sentinels.
+    redis_sentinel_master: str | None = None
     endpoints: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["http://127.0.0.1:8000/v1"]
     )
@@ -102,6 +107,12 @@ class Settings(BaseSettings):
     def cap_for(self, endpoint: str) -> int:
         """The configured in-flight cap of one endpoint (before any adaptive change)."""
         return self.endpoint_caps.get(endpoint, self.max_inflight)
+
+    @model_validator(mode="after")
+    def _check_sentinel_master(self) -> Settings:
+        if is_sentinel(self.redis_url) and not self.redis_sentinel_master:
+            raise ValueError("a sentinel:// redis_url needs EAGLEGEN_REDIS_SENTINEL_MASTER")
+        return self
 
     @field_validator("run")
     @classmethod

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.redis_url import broker_url, tls_options
 from common.settings import Settings
 
 
 def transport_options(settings: Settings) -> dict[str, Any]:
     """Redis transport options; every client of the broker must use the same ones."""
-    return {
+    options: dict[str, Any] = {
         # Longer than the longest turn plus backoff: a task running past it is redelivered
         # while still running. Leases make such a copy harmless, but it should be rare.
         "visibility_timeout": settings.effective_visibility_timeout,
@@ -19,13 +20,20 @@ def transport_options(settings: Settings) -> dict[str, Any]:
         "socket_connect_timeout": 10,
         "health_check_interval": 30,
     }
+    if settings.redis_sentinel_master:
+        # Sentinel: the monitored master to ask the sentinels for.
+        options["master_name"] = settings.redis_sentinel_master
+    return options
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     """The whole Celery configuration, derived from the one Settings object."""
     options = transport_options(settings)
     return {
-        "broker_url": settings.redis_url,
+        "broker_url": broker_url(settings.redis_url),
+        # rediss://: kombu would not check the server's certificate without this; Flower's
+        # broker view needs it too.
+        "broker_use_ssl": tls_options(settings.redis_url) or False,
         "broker_transport_options": options,
         "result_backend_transport_options": options,
         "visibility_timeout": options["visibility_timeout"],
