@@ -177,19 +177,22 @@ def collect(
 def status(
     run: RunOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="A live view, redrawn.")] = False,
+    interval: Annotated[float, typer.Option(min=0.2, help="Seconds between redraws.")] = 2.0,
 ) -> None:
-    """Show a run's progress: total, queued, in flight, done, failed, written."""
-    from cli.status_view import render_status
+    """Show a run's progress, throughput, ETA, errors and endpoints."""
+    from cli import status_view
 
     settings = load_settings(run=run)
     store = open_store(settings)
     if not store.exists():
         fail(f"no run named {settings.run!r} in {redact_url(settings.redis_url)}")
-    counts = store.counts()
-    if as_json:
-        out.print_json(json.dumps(counts.as_dict()))
+    if watch:
+        status_view.watch(out, store, settings, interval)
+    elif as_json:
+        out.print_json(json.dumps(status_view.gather(store, settings)))
     else:
-        render_status(out, counts, store.failures())
+        out.print(status_view.render(status_view.gather(store, settings)))
 
 
 @app.command("retry-failed")

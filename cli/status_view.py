@@ -1,40 +1,140 @@
-"""The human form of ``eaglegen status``."""
+"""``eaglegen status``: a run's figures as JSON, a table, or a live view (``--watch``)."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
 from rich.table import Table
+from rich.text import Text
 
-from common.models import Failure
-from common.store import RunCounts
-
-
-def render_status(console: Console, counts: RunCounts, failures: dict[str, Failure]) -> None:
-    """Print progress, throughput and the failure reasons of a run."""
-    table = Table(title=f"run {counts.run}", show_header=False)
-    pct = 100.0 * (counts.done + counts.failed) / counts.total if counts.total else 0.0
-    table.add_row("progress", f"{counts.done + counts.failed}/{counts.total} ({pct:.1f}%)")
-    for name in ("total", "queued", "in_flight", "done", "failed", "written"):
-        table.add_row(name, str(getattr(counts, name)))
-    table.add_row("retries", str(counts.retries))
-    table.add_row("completion tokens", str(counts.completion_tokens))
-    if counts.started_at:
-        elapsed = max(time.time() - counts.started_at, 1e-6)
-        table.add_row("since start", f"{elapsed:.0f} s")
-        table.add_row("samples/s", f"{counts.done / elapsed:.2f}")
-        table.add_row("tokens/s", f"{counts.completion_tokens / elapsed:.1f}")
-    table.add_row("complete", "yes" if counts.complete else "no")
-    console.print(table)
-    _render_failures(console, failures)
+from common.settings import Settings
+from common.stats import eta_seconds, read_snapshot
+from common.store import RunStore
 
 
-def _render_failures(console: Console, failures: dict[str, Failure]) -> None:
-    if not failures:
-        return
-    by_kind: dict[str, list[Failure]] = {}
-    for failure in failures.values():
-        by_kind.setdefault(failure.kind, []).append(failure)
-    for kind, items in sorted(by_kind.items()):
-        console.print(f"failed ({kind}): {len(items)}, e.g. {items[-1].message}", highlight=False)
+def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
+    """Every figure ``status`` shows, as one JSON-ready dict (a few Redis round trips)."""
+    counts = store.counts()
+    snap = read_snapshot(store.r, store.keys)
+    data: dict[str, Any] = {**counts.as_dict(), **snap.as_dict()}
+    elapsed = time.time() - counts.started_at if counts.started_at else None
+    data["elapsed_s"] = round(elapsed, 1) if elapsed else None
+    data["samples_per_s_since_start"] = round(counts.done / elapsed, 3) if elapsed else None
+    data["tokens_per_s_since_start"] = (
+        round(counts.completion_tokens / elapsed, 1) if elapsed else None
+    )
+    rate = snap.samples_per_s_minute or (data["samples_per_s_since_start"] or 0.0)
+    eta = eta_seconds(counts.total - counts.done - counts.failed, rate)
+    data["eta_s"] = None if eta is None else round(eta)
+    kept = counts.completion_tokens
+    data["goodput"] = {
+        "kept_tokens": kept,
+        "wasted_tokens": snap.wasted_tokens,
+        "fraction_kept": round(kept / (kept + snap.wasted_tokens), 4) if kept else None,
+    }
+    data["endpoints"] = _endpoints(store, settings, snap.endpoints)
+    return data
+
+
+def _endpoints(
+    store: RunStore, settings: Settings, stats: dict[str, dict[str, float]]
+) -> dict[str, dict[str, Any]]:
+    from worker.capacity import SlotTable
+
+    caps = {url: settings.cap_for(url) for url in settings.endpoints}
+    table = SlotTable(store.r, settings.key_prefix, caps, settings.slot_ttl)
+    out: dict[str, dict[str, Any]] = {}
+    for view in table.snapshot():
+        out[view.endpoint] = {"in_flight": view.inflight, "cap": view.cap,
+                              "drained": view.drained}  # fmt: skip
+    for url, figures in stats.items():
+        entry = out.setdefault(url, {})
+        requests, errors = figures.get("requests", 0.0), figures.get("errors", 0.0)
+        entry.update(
+            requests=int(requests), tokens=int(figures.get("tokens", 0)), errors=int(errors),
+            error_rate=round(errors / max(requests + errors, 1), 4),
+            mean_latency_s=round(figures.get("latency_sum", 0) / requests, 3) if requests else None,
+        )  # fmt: skip
+    return out
+
+
+def render(data: dict[str, Any]) -> Group:
+    """The human view of ``gather``'s figures."""
+    total = data["total"] or 1
+    finished = data["done"] + data["failed"]
+    head = Text(f"run {data['run']}: {finished}/{data['total']} "
+                f"({100 * finished / total:.1f}%)  ETA {_duration(data['eta_s'])}")  # fmt: skip
+    bar = Table.grid(expand=True)  # a bare ProgressBar leaves no line break after it
+    bar.add_row(ProgressBar(total=total, completed=finished))
+    return Group(head, bar, _main_table(data), _errors_table(data), _endpoint_table(data))
+
+
+def _main_table(d: dict[str, Any]) -> Group:
+    t = Table(show_header=True, header_style="bold", box=None)
+    for col in ("total", "queued", "in flight", "done", "failed", "written", "retries"):
+        t.add_column(col, justify="right")
+    keys = ("total", "queued", "in_flight", "done", "failed", "written", "retries")
+    t.add_row(*(str(d[k]) for k in keys))
+    rates = Table(show_header=True, header_style="bold", box=None)
+    for col in ("", "samples/s", "tokens/s"):
+        rates.add_column(col, justify="right")
+    rates.add_row("last minute", _num(d["samples_per_s_last_minute"]),
+                  _num(d["tokens_per_s_last_minute"]))  # fmt: skip
+    rates.add_row("since start", _num(d["samples_per_s_since_start"]),
+                  _num(d["tokens_per_s_since_start"]))  # fmt: skip
+    dist = Table("per turn", "mean", "p95", box=None, header_style="bold")
+    dist.add_row("completion tokens", _num(d["mean_completion_tokens"]),
+                 _num(d["p95_completion_tokens"]))  # fmt: skip
+    dist.add_row("latency s", _num(d["mean_latency_s"]), _num(d["p95_latency_s"]))
+    g = d["goodput"]
+    dist.add_row("tokens kept / wasted", str(g["kept_tokens"]), str(g["wasted_tokens"]))
+    outer = Table.grid(padding=(0, 4))
+    outer.add_row(rates, dist)
+    return Group(t, outer)
+
+
+def _errors_table(d: dict[str, Any]) -> Table:
+    t = Table("errors", "count", "last message", box=None, header_style="bold")
+    for kind, count in sorted(d["errors"].items()):
+        t.add_row(kind, str(count), d["last_errors"].get(kind, "")[:100])
+    return t
+
+
+def _endpoint_table(d: dict[str, Any]) -> Table:
+    t = Table("endpoint", "in flight", "cap", "requests", "tokens", "error rate", "mean s",
+              box=None, header_style="bold")  # fmt: skip
+    for url, e in sorted(d["endpoints"].items()):
+        cap = str(e.get("cap", "-")) + (" (drained)" if e.get("drained") else "")
+        t.add_row(url, str(e.get("in_flight", "-")), cap, str(e.get("requests", 0)),
+                  str(e.get("tokens", 0)), _num(e.get("error_rate")),
+                  _num(e.get("mean_latency_s")))  # fmt: skip
+    return t
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def watch(console: Console, store: RunStore, settings: Settings, interval: float) -> None:
+    """Redraw the view every ``interval`` seconds until interrupted or the run completes."""
+    with Live(render(gather(store, settings)), console=console, auto_refresh=False) as live:
+        while True:
+            data = gather(store, settings)
+            live.update(render(data), refresh=True)
+            if data["complete"]:
+                return
+            time.sleep(interval)

@@ -23,6 +23,8 @@ class GenerationError(EagleGenError):
     """A model call failed; subclasses say whether trying again can help."""
 
     kind = "error"
+    endpoint: str | None = None  # set by the client: where it failed
+    tokens_streamed = 0  # set by the client: tokens received before it failed (wasted)
 
 
 class TransientError(GenerationError):

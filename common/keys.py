@@ -105,6 +105,20 @@ class RunKeys:
         return self._key("counters")
 
     @property
+    def stats(self) -> str:
+        """Hash of turn statistics: latency/token histograms, errors by class, waste."""
+        return self._key("stats")
+
+    @property
+    def endpoint_stats(self) -> str:
+        """Hash ``endpoint|name`` -> requests, tokens, errors, latency sum."""
+        return self._key("endpoint_stats")
+
+    def rate_bucket(self, bucket: int) -> str:
+        """Hash of samples and tokens finished in one 10-second bucket (expires)."""
+        return self._key(f"rate:{bucket}")
+
+    @property
     def collector_lock(self) -> str:
         """String held by the one collector allowed to write this run."""
         return self._key("collector_lock")
@@ -114,6 +128,6 @@ class RunKeys:
         names = [
             "meta", "accepted", "pending", "prompts", "partial", "attempts", "results",
             "ready", "collecting", "failed", "leases", "lease_owner", "counters",
-            "collector_lock",
+            "collector_lock", "stats", "endpoint_stats",
         ]  # fmt: skip
         return [self._key(name) for name in names]

@@ -19,9 +19,12 @@ RUN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 class Settings(BaseSettings):
     """Every knob of EagleGen; field ``foo`` is the variable ``EAGLEGEN_FOO``."""
 
+    # env_ignore_empty: an empty variable means unset (docker compose passes `VAR: ""` for an
+    # unset optional value; EAGLEGEN_MODEL="" must still mean "ask the server").
     model_config = SettingsConfigDict(
-        env_prefix="EAGLEGEN_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
-    )
+        env_prefix="EAGLEGEN_", env_file=".env", env_file_encoding="utf-8", extra="ignore",
+        env_ignore_empty=True,
+    )  # fmt: skip
 
     # Where things are.
     # May hold a password: kept out of repr() (and so out of logged settings).

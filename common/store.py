@@ -281,7 +281,7 @@ class RunStore:
         """Extend leases given as (id, owner); returns the ids someone else now holds."""
         if not held:
             return []
-        args: list[object] = [int(ttl_s * 1000)]
+        args: list[str | int] = [int(ttl_s * 1000)]
         for sample_id, owner in held:
             args += [sample_id, owner]
         lost = self._renew(keys=[self.keys.leases, self.keys.lease_owner], args=args)

@@ -110,17 +110,22 @@ class ChatClient:
         model = self.model()
         started = time.monotonic()
         deadline = started + self._settings.max_request_time
-        with translate_errors(self.endpoint):
-            stream = self._client.chat.completions.create(**self._request(model, messages, params))
-            with stream:
-                acc = _Accumulator()
-                for chunk in stream:
-                    acc.add(chunk)
-                    if check is not None:
-                        check()
-                    if time.monotonic() > deadline:
-                        raise errors.TimeoutError_(f"{self.endpoint}: turn exceeded max time")
-        return acc.result(time.monotonic() - started, self.endpoint, model)
+        acc = _Accumulator()
+        try:
+            with translate_errors(self.endpoint):
+                request = self._request(model, messages, params)
+                with self._client.chat.completions.create(**request) as stream:
+                    for chunk in stream:
+                        acc.add(chunk)
+                        if check is not None:
+                            check()
+                        if time.monotonic() > deadline:
+                            raise errors.TimeoutError_(f"{self.endpoint}: turn exceeded max time")
+            return acc.result(time.monotonic() - started, self.endpoint, model)
+        except errors.GenerationError as exc:
+            exc.endpoint = exc.endpoint or self.endpoint
+            exc.tokens_streamed = acc.text_chunks  # ~1 token per chunk when streaming
+            raise
 
     def _request(self, model: str, messages: Messages, params: GenParams) -> dict[str, Any]:
         request: dict[str, Any] = {
@@ -149,10 +154,9 @@ class _Accumulator:
         self.reasoning: list[str] = []
         self.finish_reason: str | None = None
         self.usage = Usage()
-        self.chunks = 0
+        self.text_chunks = 0
 
     def add(self, chunk: Any) -> None:
-        self.chunks += 1
         if chunk.usage is not None:
             self.usage = Usage(
                 prompt_tokens=chunk.usage.prompt_tokens or 0,
@@ -165,6 +169,7 @@ class _Accumulator:
                 piece = delta_reasoning(delta)
                 if piece:
                     self.reasoning.append(piece)
+                self.text_chunks += bool(delta.content or piece)
             if choice.finish_reason:
                 self.finish_reason = choice.finish_reason
 

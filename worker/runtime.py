@@ -19,6 +19,7 @@ from common.logs import secrets_of
 from common.models import Failure, GenParams, Sample, TurnResult
 from common.redact import redact
 from common.settings import Settings
+from common.stats import StatsRecorder
 from common.store import RunStore, connect
 from worker.endpoints import EndpointPool
 from worker.generate import Messages, answer_turns, build_record
@@ -38,6 +39,8 @@ class WorkerRuntime:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._stores: dict[str, RunStore] = {}
         self._params: dict[str, GenParams] = {}
+        self._recorders: dict[str, StatsRecorder] = {}
+        self._secrets = secrets_of(settings)
         # (run, id) -> (lease token, cancel event). A token per generation, not per process:
         # a duplicate message taken by another thread of this process must not share a lease.
         self._held: dict[tuple[str, str], tuple[str, threading.Event]] = {}
@@ -109,14 +112,31 @@ class WorkerRuntime:
 
         turns = answer_turns(
             sample, params, store.load_partial(sample_id),
-            call=lambda messages: self._call(messages, params, check),
+            call=lambda messages: self._call(store.run, messages, params, check),
             save=lambda done: store.save_partial(sample_id, done),
         )  # fmt: skip
         return self._finish(store, sample, params, turns)
 
-    def _call(self, messages: Messages, params: GenParams, check: object) -> TurnResult:
-        with self.endpoints.borrow(check) as client:  # type: ignore[arg-type]
-            return client.complete(messages, params, check)  # type: ignore[arg-type]
+    def _call(
+        self, run: str, messages: Messages, params: GenParams, check: object
+    ) -> TurnResult:
+        recorder = self.recorder(run)
+        try:
+            with self.endpoints.borrow(check) as client:  # type: ignore[arg-type]
+                turn = client.complete(messages, params, check)  # type: ignore[arg-type]
+        except errors.GenerationError as exc:
+            recorder.error(exc.kind, str(exc), exc.endpoint, exc.tokens_streamed)
+            raise
+        recorder.turn(turn.endpoint, turn.latency_s, turn.usage.completion_tokens)
+        return turn
+
+    def recorder(self, run: str) -> StatsRecorder:
+        """The run's statistics writer (cached)."""
+        with self._lock:
+            if run not in self._recorders:
+                store = RunStore(self.redis, self.settings.key_prefix, run)
+                self._recorders[run] = StatsRecorder(self.redis, store.keys, self._secrets)
+            return self._recorders[run]
 
     def _finish(
         self, store: RunStore, sample: Sample, params: GenParams, turns: list[TurnResult]
@@ -124,8 +144,14 @@ class WorkerRuntime:
         record = build_record(store.run, sample, params, turns, store.attempts(sample.id))
         tokens = sum(t.usage.completion_tokens for t in turns)
         stored = store.store_result(sample.id, record.to_json(), tokens)
-        log.debug("done %s/%s tokens=%d stored=%s", store.run, sample.id, tokens, stored)
-        return "done" if stored else "duplicate"
+        self.recorder(store.run).finished(tokens, kept=stored)
+        outcome = "done" if stored else "duplicate"
+        log.debug(
+            "sample run=%s id=%s outcome=%s turns=%d tokens=%d attempts=%d latency_s=%.2f",
+            store.run, sample.id, outcome, len(turns), tokens, record.generation.attempts,
+            record.generation.latency_s,
+        )  # fmt: skip
+        return outcome
 
     def fail(self, run: str, sample_id: str, exc: errors.GenerationError) -> None:
         """Record a sample as failed, with the error's class and message."""

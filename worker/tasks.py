@@ -36,7 +36,6 @@ def register_tasks(app: EagleGenCelery) -> None:
             return "failed"
         except errors.TransientError as exc:
             store = runtime.store(run)
-            store.incr(f"errors:{exc.kind}")
             retries: int = self.request.retries
             if retries >= settings.max_retries:
                 runtime.fail(run, sample_id, exc)

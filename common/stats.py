@@ -1,0 +1,190 @@
+"""Run statistics: throughput, latency and token distributions, errors, goodput.
+
+Everything is kept in a handful of Redis hashes per run, updated with HINCRBY as turns finish,
+so reading a run's figures costs a few round trips whatever its size (1M samples included).
+Rates come from 10-second buckets that expire; percentiles from fixed histogram buckets.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from common.keys import RunKeys
+from common.redact import redact
+
+BUCKET_S = 10
+RATE_WINDOW_S = 60
+# Upper bounds of histogram buckets (seconds, tokens): roughly x1.5 steps.
+LATENCY_BOUNDS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 240, 480, 900, 1800, 3600)
+TOKEN_BOUNDS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+def bucket_index(value: float, bounds: tuple[float, ...]) -> int:
+    """Index of the first bucket whose upper bound holds ``value`` (len(bounds) = overflow)."""
+    for i, bound in enumerate(bounds):
+        if value <= bound:
+            return i
+    return len(bounds)
+
+
+def percentile(counts: dict[int, int], bounds: tuple[float, ...], q: float) -> float | None:
+    """The upper bound of the bucket holding quantile ``q`` (None without data)."""
+    total = sum(counts.values())
+    if not total:
+        return None
+    rank = math.ceil(q * total)
+    seen = 0
+    for i in sorted(counts):
+        seen += counts[i]
+        if seen >= rank:
+            return float(bounds[i]) if i < len(bounds) else math.inf
+    return math.inf
+
+
+def eta_seconds(remaining: int, rate_per_s: float) -> float | None:
+    """Seconds left at the current rate (None when nothing moves)."""
+    if remaining <= 0:
+        return 0.0
+    return remaining / rate_per_s if rate_per_s > 0 else None
+
+
+@dataclass
+class Snapshot:
+    """What ``status`` shows beyond the basic counts."""
+
+    turns: int = 0
+    completion_tokens_turns: int = 0
+    latency_sum: float = 0.0
+    samples_per_s_minute: float = 0.0
+    tokens_per_s_minute: float = 0.0
+    latency_p95: float | None = None
+    tokens_p95: float | None = None
+    wasted_tokens: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    last_errors: dict[str, str] = field(default_factory=dict)
+    endpoints: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def mean_latency(self) -> float | None:
+        """Mean seconds per turn."""
+        return self.latency_sum / self.turns if self.turns else None
+
+    @property
+    def mean_tokens(self) -> float | None:
+        """Mean completion tokens per turn."""
+        return self.completion_tokens_turns / self.turns if self.turns else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form, merged into ``status --json``."""
+        return {
+            "samples_per_s_last_minute": round(self.samples_per_s_minute, 3),
+            "tokens_per_s_last_minute": round(self.tokens_per_s_minute, 1),
+            "turns": self.turns,
+            "mean_latency_s": _round(self.mean_latency),
+            "p95_latency_s": self.latency_p95,
+            "mean_completion_tokens": _round(self.mean_tokens),
+            "p95_completion_tokens": self.tokens_p95,
+            "wasted_tokens": self.wasted_tokens,
+            "errors": self.errors,
+            "last_errors": self.last_errors,
+            "endpoints": self.endpoints,
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+class StatsRecorder:
+    """Writes a run's statistics; one per (process, run)."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys, secrets: list[str]) -> None:
+        self.r = client
+        self.keys = keys
+        self.secrets = secrets
+
+    def turn(self, endpoint: str, latency_s: float, completion_tokens: int) -> None:
+        """A turn came back from the model."""
+        k = self.keys
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hincrby(k.stats, "turns", 1)
+        pipe.hincrby(k.stats, "turn_tokens", completion_tokens)
+        pipe.hincrbyfloat(k.stats, "latency_sum", latency_s)
+        pipe.hincrby(k.stats, f"lat:{bucket_index(latency_s, LATENCY_BOUNDS)}", 1)
+        pipe.hincrby(k.stats, f"tok:{bucket_index(completion_tokens, TOKEN_BOUNDS)}", 1)
+        pipe.hincrby(k.endpoint_stats, f"{endpoint}|requests", 1)
+        pipe.hincrby(k.endpoint_stats, f"{endpoint}|tokens", completion_tokens)
+        pipe.hincrbyfloat(k.endpoint_stats, f"{endpoint}|latency_sum", latency_s)
+        pipe.execute()
+
+    def finished(self, tokens: int, kept: bool) -> None:
+        """A sample's result was stored (kept) or was a duplicate (its tokens wasted)."""
+        bucket = self.keys.rate_bucket(int(time.time()) // BUCKET_S)
+        pipe = self.r.pipeline(transaction=False)
+        if kept:
+            pipe.hincrby(bucket, "samples", 1)
+            pipe.hincrby(bucket, "tokens", tokens)
+            pipe.expire(bucket, RATE_WINDOW_S * 3)
+        else:
+            pipe.hincrby(self.keys.stats, "wasted_tokens", tokens)
+        pipe.execute()
+
+    def error(self, kind: str, message: str, endpoint: str | None, wasted_tokens: int) -> None:
+        """An attempt failed; tokens it had streamed are thrown away."""
+        k = self.keys
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hincrby(k.stats, f"err:{kind}", 1)
+        pipe.hset(k.stats, f"lasterr:{kind}", redact(message, self.secrets)[:300])
+        pipe.hincrby(k.stats, "wasted_tokens", wasted_tokens)
+        if endpoint:
+            pipe.hincrby(k.endpoint_stats, f"{endpoint}|errors", 1)
+        pipe.execute()
+
+
+def read_snapshot(client: redis.Redis, keys: RunKeys, now: float | None = None) -> Snapshot:
+    """Everything ``status`` shows beyond the counts, in two round trips."""
+    now = time.time() if now is None else now
+    first = int(now - RATE_WINDOW_S) // BUCKET_S + 1
+    buckets = [keys.rate_bucket(b) for b in range(first, int(now) // BUCKET_S + 1)]
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(keys.stats)
+    pipe.hgetall(keys.endpoint_stats)
+    for bucket in buckets:
+        pipe.hmget(bucket, ["samples", "tokens"])
+    stats, endpoint_stats, *rates = pipe.execute()
+    snap = _from_stats(stats)
+    # The current bucket is partly filled: divide by the time actually covered.
+    covered = max(now - first * BUCKET_S, 1.0)
+    snap.samples_per_s_minute = sum(int(r[0] or 0) for r in rates) / covered
+    snap.tokens_per_s_minute = sum(int(r[1] or 0) for r in rates) / covered
+    snap.endpoints = _endpoints(endpoint_stats)
+    return snap
+
+
+def _from_stats(stats: dict[str, str]) -> Snapshot:
+    snap = Snapshot(
+        turns=int(stats.get("turns", 0)),
+        completion_tokens_turns=int(stats.get("turn_tokens", 0)),
+        latency_sum=float(stats.get("latency_sum", 0.0)),
+        wasted_tokens=int(stats.get("wasted_tokens", 0)),
+    )
+    lat = {int(k[4:]): int(v) for k, v in stats.items() if k.startswith("lat:")}
+    tok = {int(k[4:]): int(v) for k, v in stats.items() if k.startswith("tok:")}
+    snap.latency_p95 = percentile(lat, LATENCY_BOUNDS, 0.95)
+    snap.tokens_p95 = percentile(tok, TOKEN_BOUNDS, 0.95)
+    snap.errors = {k[4:]: int(v) for k, v in stats.items() if k.startswith("err:")}
+    snap.last_errors = {k[8:]: v for k, v in stats.items() if k.startswith("lasterr:")}
+    return snap
+
+
+def _endpoints(raw: dict[str, str]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for key, value in raw.items():
+        endpoint, _, name = key.rpartition("|")
+        out.setdefault(endpoint, {})[name] = float(value)
+    return out
