@@ -164,13 +164,29 @@ def collect(
     stop = stop_on_signals()
     collector = Collector(store, sink, settings.collect_batch)
     try:
-        stats = collector.run(stop, once=once)
+        if once:
+            stats = _collect_with_progress(collector, stop, store.ready_count())
+        else:
+            stats = collector.run(stop)
     finally:
         sink.close()
     console.print(
         f"collected {stats.written} records into {out_path} "
         f"(already in the file: {stats.skipped_present})"
     )
+
+
+def _collect_with_progress(collector: Any, stop: threading.Event, total: int) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("collect", total=total)
+
+        def on_batch(stats: Any) -> None:
+            progress.update(task, completed=stats.written + stats.skipped_present)
+
+        return collector.run(stop, once=True, on_batch=on_batch)
 
 
 @app.command()
@@ -220,6 +236,25 @@ def reconcile(run: RunOpt = None) -> None:
     reconciler = Reconciler(store.r, settings, celery.publish_samples)
     for report in reconciler.run_once([settings.run] if run else None):
         out.print(report.line(), highlight=False)
+
+
+@app.command()
+def exporter(
+    port: Annotated[int, typer.Option(help="Port for /metrics.")] = 9810,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+) -> None:
+    """Serve every run's state (queued, in flight, done, failed, tokens) for Prometheus."""
+    from prometheus_client import CollectorRegistry
+
+    from common.metrics import RunCollector, serve
+
+    settings = load_settings()
+    store = open_store(settings)
+    registry = CollectorRegistry()
+    registry.register(RunCollector(store.r, settings))
+    serve(registry, port, host)
+    console.print(f"exporter: http://{host}:{port}/metrics")
+    stop_on_signals().wait()
 
 
 @app.command()

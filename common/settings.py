@@ -74,6 +74,10 @@ class Settings(BaseSettings):
     rpm: int | None = Field(default=None, ge=1)  # requests per minute, cluster-wide
     tpm: int | None = Field(default=None, ge=1)  # prompt + completion tokens per minute
 
+    # Prometheus: a worker serves its request metrics here when set (0 = off).
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
+
     # Producer.
     max_pending: int = Field(default=10_000, ge=1)
 

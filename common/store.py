@@ -382,6 +382,10 @@ class RunStore:
             pipe.lmove(k.ready, k.collecting, "LEFT", "RIGHT")
         return [str(first)] + [str(x) for x in pipe.execute() if x is not None]
 
+    def ready_count(self) -> int:
+        """Results waiting for the collector."""
+        return int(self.r.llen(self.keys.ready)) + int(self.r.llen(self.keys.collecting))
+
     def collecting(self) -> list[str]:
         """Ids taken by a collector that had not committed them (it crashed)."""
         return [str(x) for x in self.r.lrange(self.keys.collecting, 0, -1)]

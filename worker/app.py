@@ -52,6 +52,7 @@ def _connect_signals(app: EagleGenCelery) -> None:
     def on_ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is app:
             app.runtime().start_reconciler()
+            app.runtime().serve_metrics()
 
     def on_shutdown(sender: Any = None, **_: Any) -> None:
         if app._runtime is not None:

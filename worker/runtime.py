@@ -12,10 +12,12 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import redis
+from prometheus_client import CollectorRegistry
 
 from common import errors
 from common.keys import reconciler_lock_key
 from common.logs import secrets_of
+from common.metrics import WorkerMetrics
 from common.models import Failure, GenParams, Sample, TurnResult
 from common.redact import redact
 from common.settings import Settings
@@ -40,6 +42,9 @@ class WorkerRuntime:
         self._stores: dict[str, RunStore] = {}
         self._params: dict[str, GenParams] = {}
         self._recorders: dict[str, StatsRecorder] = {}
+        self.registry = CollectorRegistry()
+        self.metrics = WorkerMetrics(self.registry)
+        self._summary = Summary()
         self._secrets = secrets_of(settings)
         # (run, id) -> (lease token, cancel event). A token per generation, not per process:
         # a duplicate message taken by another thread of this process must not share a lease.
@@ -50,6 +55,14 @@ class WorkerRuntime:
         self._renewer = threading.Thread(target=self._renew_loop, name="lease-renewer", daemon=True)
         self._renewer.start()
         self._reconciler: threading.Thread | None = None
+
+    def serve_metrics(self) -> None:
+        """Expose this process's request metrics (and run gauges) for Prometheus, if enabled."""
+        if self.settings.metrics_port:
+            from common.metrics import RunCollector, serve
+
+            self.registry.register(RunCollector(self.redis, self.settings))
+            serve(self.registry, self.settings.metrics_port, self.settings.metrics_host)
 
     def start_reconciler(self) -> None:
         """Run reconciliation passes in the background (one process cluster-wide at a time)."""
@@ -117,17 +130,19 @@ class WorkerRuntime:
         )  # fmt: skip
         return self._finish(store, sample, params, turns)
 
-    def _call(
-        self, run: str, messages: Messages, params: GenParams, check: object
-    ) -> TurnResult:
+    def _call(self, run: str, messages: Messages, params: GenParams, check: object) -> TurnResult:
         recorder = self.recorder(run)
         try:
             with self.endpoints.borrow(check) as client:  # type: ignore[arg-type]
                 turn = client.complete(messages, params, check)  # type: ignore[arg-type]
         except errors.GenerationError as exc:
             recorder.error(exc.kind, str(exc), exc.endpoint, exc.tokens_streamed)
+            self.metrics.error(exc.endpoint or "none", exc.kind, exc.tokens_streamed)
+            self._summary.add(errors=1)
             raise
         recorder.turn(turn.endpoint, turn.latency_s, turn.usage.completion_tokens)
+        self.metrics.turn(turn.endpoint, turn.latency_s, turn.usage.completion_tokens)
+        self._summary.add(turns=1, tokens=turn.usage.completion_tokens)
         return turn
 
     def recorder(self, run: str) -> StatsRecorder:
@@ -145,6 +160,7 @@ class WorkerRuntime:
         tokens = sum(t.usage.completion_tokens for t in turns)
         stored = store.store_result(sample.id, record.to_json(), tokens)
         self.recorder(store.run).finished(tokens, kept=stored)
+        self._summary.add(samples=1)
         outcome = "done" if stored else "duplicate"
         log.debug(
             "sample run=%s id=%s outcome=%s turns=%d tokens=%d attempts=%d latency_s=%.2f",
@@ -182,6 +198,7 @@ class WorkerRuntime:
                 self._renew_once()
             except redis.RedisError as exc:
                 log.warning("lease renewal failed: %s", exc)
+            self._summary.maybe_log(len(self._held))
 
     def _renew_once(self) -> None:
         with self._lock:
@@ -214,3 +231,33 @@ class WorkerRuntime:
         self._stop.set()
         self.endpoints.close()
         self.redis.close()
+
+
+class Summary:
+    """Counts for the periodic info-level line a worker logs."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        self.every_s = every_s
+        self._lock = threading.Lock()
+        self._since = time.monotonic()
+        self._counts = {"samples": 0, "turns": 0, "tokens": 0, "errors": 0}
+
+    def add(self, **amounts: int) -> None:
+        """Count finished samples, turns, tokens or errors."""
+        with self._lock:
+            for name, amount in amounts.items():
+                self._counts[name] += amount
+
+    def maybe_log(self, in_flight: int) -> None:
+        """Log and reset the counts once ``every_s`` has passed."""
+        with self._lock:
+            elapsed = time.monotonic() - self._since
+            if elapsed < self.every_s:
+                return
+            c, self._counts = self._counts, dict.fromkeys(self._counts, 0)
+            self._since = time.monotonic()
+        log.info(
+            "last %.0f s: %d samples, %d turns, %d tokens (%.1f tok/s), %d errors; %d in flight",
+            elapsed, c["samples"], c["turns"], c["tokens"], c["tokens"] / elapsed, c["errors"],
+            in_flight,
+        )  # fmt: skip

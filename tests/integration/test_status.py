@@ -52,3 +52,46 @@ def test_the_live_view_renders_every_section(stack: Stack, tmp_path):
         "endpoint",
     ):
         assert label in view, label
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    raise AssertionError(f"{name} {labels} not in metrics")
+
+
+def test_workers_and_the_exporter_serve_prometheus_metrics(stack: Stack, tmp_path):
+    import httpx
+
+    from tests.integration.conftest import free_port, wait_for
+
+    stack.simulator("--fail-first", "1")
+    source = tmp_path / "p.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"q {i}"}) + "\n" for i in range(3)))
+    worker_port, exporter_port = free_port(), free_port()
+    stack.worker(concurrency=2, EAGLEGEN_METRICS_PORT=str(worker_port))
+    stack.collector()
+    stack.procs.start("exporter", ["exporter", "--port", str(exporter_port)], stack.env)
+    stack.enqueue(source)
+    stack.wait_complete()
+
+    def scrape(port: int) -> str | None:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        except httpx.HTTPError:
+            return None
+
+    wait_for(lambda: scrape(exporter_port) is not None, 30, "the exporter")
+    worker = scrape(worker_port) or ""
+    endpoint = stack.env["EAGLEGEN_ENDPOINTS"]
+    assert _metric(worker, "eaglegen_requests_total", endpoint=endpoint, outcome="ok") == 3
+    assert _metric(worker, "eaglegen_requests_total", endpoint=endpoint, outcome="5xx") == 3
+    assert _metric(worker, "eaglegen_request_latency_seconds_count", endpoint=endpoint) == 3
+    run = scrape(exporter_port) or ""
+    assert _metric(run, "eaglegen_run_samples", run=stack.run_name, state="done") == 3
+    assert _metric(run, "eaglegen_run_samples", run=stack.run_name, state="queued") == 0
+    assert _metric(run, "eaglegen_run_retries", run=stack.run_name) == 3
