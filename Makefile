@@ -4,15 +4,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 WORKERS ?= 2
-export EAGLEGEN_REDIS_URL ?= redis://127.0.0.1:6379/0
+# EAGLEGEN_REDIS_URL is not set here: it comes from the environment or .env (a default here
+# would override the .env of a worker-only host).
+# The docker stack; TLS=1 adds docker-compose.tls.yml (Redis speaks TLS only).
+COMPOSE := docker compose -f docker-compose.yml $(if $(filter 1,$(TLS)),-f docker-compose.tls.yml)
 
-.PHONY: chaos help install install-dev demo test test-unit lint format bench up down logs ps worker collector flower redis clean
+.PHONY: chaos help install install-dev demo test test-unit lint format bench up down logs ps enqueue worker-host worker collector flower redis clean
 
 help:
 	@echo "make demo      run the bundled prompts end to end (simulator, worker, collector)"
 	@echo "make test      set up and run the test suite (needs/starts Redis)"
 	@echo "make lint      ruff + mypy"
-	@echo "make up/down   docker compose stack; make worker: a worker for another machine"
+	@echo "make up/down   docker compose stack (WORKERS=N, TLS=1); make logs, make ps"
+	@echo "make worker    a worker from .venv; make worker-host: docker workers on another host"
 
 $(VENV)/.installed-core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,17 +62,32 @@ worker: install redis
 collector: install redis
 	$(BIN)/eaglegen collect --out out/$${EAGLEGEN_RUN:-default}.jsonl
 
+# The collector writes ./out as the calling user (its uid/gid), not as the image's user.
 up:
-	docker compose up -d --scale worker=$(WORKERS)
+	mkdir -p out
+	EAGLEGEN_UID=$$(id -u) EAGLEGEN_GID=$$(id -g) $(COMPOSE) up -d --build --scale worker=$(WORKERS)
 
 down:
-	docker compose down
+	$(COMPOSE) down
 
 logs:
-	docker compose logs -f --tail=100
+	$(COMPOSE) logs -f --tail=100
 
 ps:
-	docker compose ps
+	$(COMPOSE) ps
+
+# make enqueue SOURCE=my_prompts.jsonl [ARGS="--max-tokens 4096"]: a file of ./data, one shot.
+enqueue:
+	$(COMPOSE) run --rm producer enqueue /input/$(SOURCE) $(ARGS)
+
+# Workers only, on another host, against the main host's Redis (EAGLEGEN_REDIS_URL in .env).
+worker-host:
+	docker compose -f docker-compose.worker.yml up -d --build --scale worker=$(WORKERS)
+
+# Flower from the same app config as the workers; FLOWER_BASIC_AUTH=user:password required.
+flower: install redis
+	@test -n "$$FLOWER_BASIC_AUTH" || { echo "set FLOWER_BASIC_AUTH=user:password"; exit 2; }
+	$(BIN)/celery -A worker.celery_app flower --address=127.0.0.1 --port=$${FLOWER_PORT:-5555}
 
 chaos: install-dev
 	$(PY) scripts/chaos.py

@@ -3,14 +3,32 @@
 # Order: one already answering; docker compose where a docker engine runs; a local
 # redis-server (installed with apt-get when missing and possible), durable (AOF, noeviction).
 set -euo pipefail
-url="${EAGLEGEN_REDIS_URL:-redis://127.0.0.1:6379/0}"
-hostport="${url#*://}"; hostport="${hostport#*@}"; hostport="${hostport%%/*}"
+# The URL the eaglegen commands will use: the environment, else .env (as pydantic reads it).
+url="${EAGLEGEN_REDIS_URL:-}"
+[ -z "$url" ] && [ -f .env ] && url="$(sed -n 's/^EAGLEGEN_REDIS_URL=//p' .env | tail -n 1)"
+url="${url:-redis://127.0.0.1:6379/0}"
+case "$url" in
+  redis://*) ;;
+  *) echo "redis: ${url%%://*}:// URL, not checked here (eaglegen checks it at start)"; exit 0 ;;
+esac
+authority="${url#*://}"; authority="${authority%%/*}"; auth=""
+case "$authority" in *@*) auth="${authority%@*}" ;; esac
+hostport="${authority##*@}"
+user="${auth%%:*}"; pass="${auth#*:}"; [ "$pass" = "$auth" ] && pass=""
+pass="$(printf '%b' "${pass//%/\\x}")"  # percent-decoded, as redis-py reads it
 host="${hostport%%:*}"; port="${hostport##*:}"; [ "$port" = "$host" ] && port=6379
 state_dir="${EAGLEGEN_STATE_DIR:-$(pwd)/.eaglegen}"
 
 answers() {
   if command -v redis-cli >/dev/null 2>&1; then
-    redis-cli -u "$url" ping 2>/dev/null | grep -q PONG
+    # The password goes in the environment, not on redis-cli's command line (ps shows that).
+    reply="$(REDISCLI_AUTH="$pass" redis-cli -h "$host" -p "$port" ${user:+--user "$user"} \
+      ping 2>/dev/null)" || true
+    case "$reply" in
+      *WRONGPASS*|*NOAUTH*|*NOPERM*)
+        echo "redis: $host:$port answers but refuses these credentials: $reply" >&2; exit 1 ;;
+    esac
+    [ "$reply" = PONG ]
   else
     (exec 3<>"/dev/tcp/$host/$port" && printf 'PING\r\n' >&3 && head -c 5 <&3 | grep -q PONG) 2>/dev/null
   fi
