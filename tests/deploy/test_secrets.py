@@ -205,10 +205,15 @@ def status_commands(stack: Stack, port: int) -> list[str]:
 def flower_answers(url: str) -> list[str]:
     """Every Flower page and API answer, while the workers still reply to inspection."""
     auth = httpx.BasicAuth(*FLOWER_AUTH)
-    workers = httpx.get(f"{url}/api/workers?refresh=1", auth=auth, timeout=30).json()
-    tasks = httpx.get(f"{url}/api/tasks", auth=auth, timeout=30).json()
-    assert len(workers) == 2 and len(tasks) == 7
-    return flower_pages(url, next(iter(workers)), next(iter(tasks)))
+    seen: dict[str, dict[str, object]] = {}
+
+    def both_workers_and_all_tasks() -> bool:
+        seen["workers"] = httpx.get(f"{url}/api/workers?refresh=1", auth=auth, timeout=30).json()
+        seen["tasks"] = httpx.get(f"{url}/api/tasks", auth=auth, timeout=30).json()
+        return len(seen["workers"]) == 2 and len(seen["tasks"]) == 7
+
+    wait_for(both_workers_and_all_tasks, 30, lambda: f"Flower to see 2 workers, 7 tasks: {seen}")
+    return flower_pages(url, next(iter(seen["workers"])), next(iter(seen["tasks"])))
 
 
 def test_no_secret_reaches_logs_outputs_messages_flower_or_the_jsonl(
