@@ -33,10 +33,10 @@ class EagleGenCelery(Celery):  # type: ignore[misc]
             return self._runtime
 
     def publish_samples(self, run: str, ids: list[str]) -> object:
-        """Send one generate task per id."""
+        """Send samples back to the queue ahead of new work (reconciler, hand-back)."""
         from worker.publish import publish
 
-        return publish(self, run, ids)
+        return publish(self, run, ids, urgent=True)
 
 
 def create_app(settings: Settings) -> EagleGenCelery:

@@ -60,6 +60,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         # Flower needs task events; arguments are (run, sample id), never prompts or secrets.
         "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        # A "sent" event per task doubles the producer's Redis writes; Flower shows tasks from
+        # their "received" event on.
+        "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
     }

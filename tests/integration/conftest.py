@@ -172,6 +172,17 @@ class Stack:
         assert result.returncode == 0, result.stderr
         return result
 
+    def queue_keys(self) -> list[str]:
+        """The broker's lists for this test's queue, one per priority step."""
+        from worker.broker_scan import PRIORITY_SEP, PRIORITY_STEPS
+
+        queue = self.env["EAGLEGEN_QUEUE"]
+        return [queue if p == 0 else f"{queue}{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS]
+
+    def queued(self) -> int:
+        """Task messages waiting in this test's queue."""
+        return sum(self.store.r.llen(key) for key in self.queue_keys())
+
     def wait_complete(self, timeout: float = 120) -> None:
         wait_for(
             lambda: self.store.counts().complete,

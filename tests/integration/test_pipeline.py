@@ -114,7 +114,7 @@ def test_enqueue_again_adds_only_rows_not_yet_in_the_run(stack: Stack):
     assert "enqueued 30, already present 10" in stack.enqueue(source, "--limit", "40").stdout
     assert "enqueued 0, already present 40" in stack.enqueue(source, "--limit", "40").stdout
     assert stack.store.counts().total == 40
-    queue_len = stack.store.r.llen(stack.env["EAGLEGEN_QUEUE"])
+    queue_len = stack.queued()
     assert queue_len == 40  # one message per sample, never a second one
 
 

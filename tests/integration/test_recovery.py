@@ -79,7 +79,7 @@ def test_messages_for_finished_samples_are_acked_without_calling_the_model(stack
         ids * 2,
     )
     wait_for(
-        lambda: stack.store.r.llen(stack.env["EAGLEGEN_QUEUE"]) == 0,
+        lambda: stack.queued() == 0,
         30,
         "the duplicate messages to be consumed",
     )
@@ -90,7 +90,7 @@ def test_messages_for_finished_samples_are_acked_without_calling_the_model(stack
 
 def test_reconcile_reenqueues_samples_whose_messages_were_lost(stack: Stack, tmp_path):
     stack.enqueue(_prompts(tmp_path, 6))
-    stack.store.r.delete(stack.env["EAGLEGEN_QUEUE"])  # as if Redis had lost them
+    stack.store.r.delete(*stack.queue_keys())  # as if Redis had lost them
     result = stack.procs.run(["reconcile", "--run", stack.run_name], stack.env)
     assert result.returncode == 0, result.stderr
     assert "re-enqueued 6" in result.stdout
@@ -122,7 +122,7 @@ def test_sigterm_hands_in_flight_samples_back_to_the_queue(stack: Stack, tmp_pat
     assert first.wait(timeout=30) == 0
     counts = stack.store.counts()
     assert (counts.pending, counts.in_flight, counts.failed) == (3, 0, 0)
-    assert stack.store.r.llen(stack.env["EAGLEGEN_QUEUE"]) == 3
+    assert stack.queued() == 3
     stack.procs.stop_all()
 
 
