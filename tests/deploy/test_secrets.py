@@ -103,7 +103,9 @@ def run_cli(commands: list[tuple[list[str], dict[str, str]]]) -> list[str]:
 
 def queued_messages(client: redis.Redis, queue: str) -> list[str]:
     """Celery messages waiting in the queue, raw and with their base64 bodies decoded."""
-    return _with_bodies([str(m) for m in client.lrange(queue, 0, -1)])
+    # kombu keeps one list per priority step: the queue's name, then a separator and the step.
+    lists = [k for k in client.scan_iter(match=f"{queue}*") if client.type(k) == "list"]
+    return _with_bodies([str(m) for key in lists for m in client.lrange(key, 0, -1)])
 
 
 def unacked_messages(client: redis.Redis) -> list[str]:
