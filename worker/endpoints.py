@@ -34,6 +34,9 @@ Check = Callable[[], None]
 FIRST_PAUSE = 0.05  # seconds; a waiter's poll grows from here when no wake-up comes
 MAX_PAUSE = 1.0
 PROBE_TICK = 0.5
+ABORT_GRACE = 0.5  # seconds a server takes, at most, to drop a request whose client left
+# Refused before the server ran anything: the slot can go back at once.
+NOT_ADMITTED = (errors.ConnectError, errors.RateLimited, errors.ServerError, errors.PermanentError)
 
 
 class EndpointPool:
@@ -67,13 +70,13 @@ class EndpointPool:
         slot = self._acquire(check)
         try:
             yield self.clients[slot.endpoint]
-        except errors.GenerationError as exc:
-            self._record(slot.endpoint, exc)
+        except BaseException as exc:
+            if isinstance(exc, errors.GenerationError):
+                self._record(slot.endpoint, exc)
+            self._release_after_abort(slot, exc)
             raise
-        else:
-            self._record(slot.endpoint, None)
-        finally:
-            self._release(slot)
+        self._record(slot.endpoint, None)
+        self._release(slot)
 
     def held(self) -> int:
         """Slots this process holds now."""
@@ -135,6 +138,16 @@ class EndpointPool:
         except redis.RedisError as exc:
             log.warning("slot on %s not given back (%s); it expires by itself", slot.endpoint, exc)
         self.signal.notify()
+
+    def _release_after_abort(self, slot: Slot, exc: BaseException) -> None:
+        # A stream we abandon keeps running on the server until it notices the closed
+        # connection; its slot stays taken that long, or the next request would overshoot.
+        if isinstance(exc, NOT_ADMITTED):
+            self._release(slot)
+        else:
+            timer = threading.Timer(ABORT_GRACE, self._release, [slot])
+            timer.daemon = True
+            timer.start()
 
     # -- endpoint health -----------------------------------------------------------------
     def _record(self, endpoint: str, exc: errors.GenerationError | None) -> None:
