@@ -18,7 +18,7 @@ import pytest
 from tests.integration.conftest import ROOT, Procs, free_port, wait_for
 from tests.integration.conftest import pytest_runtest_makereport as pytest_runtest_makereport
 
-__all__ = ["ROOT", "RedisServers", "free_port", "require_tool", "wait_for"]
+__all__ = ["ROOT", "RedisServers", "assert_not_in_logs", "free_port", "require_tool", "wait_for"]
 
 
 def require_tool(name: str) -> str:
@@ -29,6 +29,12 @@ def require_tool(name: str) -> str:
             pytest.fail(f"{name} is needed in CI (see .ci/run)")
         pytest.skip(f"{name} is not installed")
     return path
+
+
+def assert_not_in_logs(tmp: Path, secret: str) -> None:
+    """No log file of the test's processes holds ``secret``."""
+    leaked = [p.name for p in tmp.glob("*.log") if secret in p.read_text()]
+    assert not leaked, f"the Redis password is in {leaked}"
 
 
 class RedisServers:

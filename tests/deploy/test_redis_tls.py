@@ -13,7 +13,7 @@ import redis
 
 from common.settings import Settings
 from common.store import connect
-from tests.deploy.conftest import ROOT, RedisServers, require_tool
+from tests.deploy.conftest import ROOT, RedisServers, assert_not_in_logs, require_tool
 from tests.integration.conftest import Procs, Stack
 from worker.app import create_app
 
@@ -68,6 +68,7 @@ def test_the_pipeline_runs_over_tls_as_an_acl_user(
     assert "enqueued 4," in stack.enqueue(source).stdout
     stack.wait_complete(timeout=60)
     assert len({record["id"] for record in stack.lines()}) == 4
+    assert_not_in_logs(tmp_path, PASSWORD)
 
 
 def test_without_the_ca_neither_the_store_nor_the_broker_trusts_the_server(

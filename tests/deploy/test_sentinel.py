@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from common.store import connect
-from tests.deploy.conftest import RedisServers, wait_for
+from tests.deploy.conftest import RedisServers, assert_not_in_logs, wait_for
 from tests.integration.conftest import Procs, Stack
 
 pytestmark = pytest.mark.integration
@@ -44,6 +44,7 @@ def test_the_pipeline_runs_through_two_sentinels(
     assert "enqueued 4," in stack.enqueue(source).stdout
     stack.wait_complete(timeout=60)
     assert len({record["id"] for record in stack.lines()}) == 4
+    assert_not_in_logs(tmp_path, PASSWORD)
 
 
 def test_the_store_client_follows_a_failover_to_the_new_master(servers: RedisServers):
