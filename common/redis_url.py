@@ -14,7 +14,7 @@ ssl_ca_certs=/ca.pem`` (TLS) and ``sentinel://[user:password@]h1:26379;sentinel:
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
@@ -38,8 +38,8 @@ class SentinelTarget:
 
     hosts: list[tuple[str, int]]
     username: str | None
-    password: str | None
-    db: int
+    password: str | None = field(repr=False)  # never in a logged repr
+    db: int = 0
 
     def broker_url(self) -> str:
         """The URL for kombu, with credentials and db on every part (kombu reads only one)."""
