@@ -6,6 +6,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -234,7 +235,10 @@ def reconcile(run: RunOpt = None) -> None:
     store = open_store(settings)
     celery = create_app(settings)
     reconciler = Reconciler(store.r, settings, celery.publish_samples)
-    for report in reconciler.run_once([settings.run] if run else None):
+    runs = [settings.run] if run else None
+    reconciler.run_once(runs)  # a sample counts as lost only if two passes agree
+    time.sleep(1.0)
+    for report in reconciler.run_once(runs):
         out.print(report.line(), highlight=False)
 
 

@@ -4,8 +4,10 @@ Celery on Redis is at-least-once at best: a message can be lost (a retry whose p
 a Redis restart losing its last second, a crash between two steps) and a dead worker's
 messages only come back after the visibility timeout, hours away. The reconciler compares each
 run's pending ids with the live leases and the broker's messages and re-publishes the rest.
-A duplicate message is harmless (the worker acks it without calling the model), so when in
-doubt it publishes.
+A sample is re-published only when two passes in a row find it lost: a message is briefly in
+neither the queue nor the unacked hash while a worker takes it, and the producer stores a
+sample just before publishing it. A duplicate would be harmless (the worker acks it without
+calling the model) but could sit behind the whole queue while its sample waits.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class Reconciler:
         self.r = client
         self.settings = settings
         self.publish = publish
+        self._suspects: dict[str, set[str]] = {}  # run -> lost in the previous pass
 
     def run_once(self, runs: list[str] | None = None) -> list[RunReport]:
         """One pass; returns a report per run that has pending work or a fix."""
@@ -96,8 +99,10 @@ class Reconciler:
             lost = lost_samples(
                 pending, store.leased_ids(), refs, time.time(), self.settings.lease_ttl
             )
-            report.republished = sorted(lost)
-            if lost:
+            confirmed = lost & self._suspects.get(run, set())
+            self._suspects[run] = lost - confirmed
+            report.republished = sorted(confirmed)
+            if confirmed:
                 self.publish(run, report.republished)
         report.results_relisted = [i for i in store.orphan_results() if store.requeue_result(i)]
         return report
