@@ -24,4 +24,3 @@ def test_a_delivered_message_with_no_lease_after_the_grace_belongs_to_a_dead_wor
 
 def test_a_retry_waiting_for_its_eta_is_alive():
     assert lost_samples({"a"}, set(), [_ref("a", since=150.0)], now=100.0, grace=10.0) == set()
-
