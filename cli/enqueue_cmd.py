@@ -41,7 +41,8 @@ def run_enqueue(
             console.print("(further invalid rows are counted, not shown)")
 
     with _progress(console) as progress:
-        task = progress.add_task(f"enqueue {info.dataset} -> run {store.run}", total=limit, info="")
+        total = min(x for x in (limit, info.rows) if x is not None) if limit or info.rows else None
+        task = progress.add_task(f"enqueue {info.dataset} -> run {store.run}", total=total, info="")
 
         def on_progress(counts: EnqueueCounts) -> None:
             progress.update(task, completed=counts.rows, info=counts.line())

@@ -86,3 +86,12 @@ def test_instruction_rows_append_their_input():
 def test_invalid_rows_raise_with_a_reason(row, fmt, reason):
     with pytest.raises(InvalidRow, match=reason):
         to_prompt(row, fmt)
+
+
+def test_lines_are_counted_with_or_without_a_final_newline(tmp_path):
+    from producer.readers import count_lines
+
+    (tmp_path / "a.jsonl").write_bytes(b"{}\n{}\n")
+    (tmp_path / "b.jsonl").write_bytes(b"{}\n{}")
+    (tmp_path / "c.jsonl").write_bytes(b"")
+    assert [count_lines(tmp_path / n) for n in ("a.jsonl", "b.jsonl", "c.jsonl")] == [2, 2, 0]
