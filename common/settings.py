@@ -71,6 +71,7 @@ class Settings(BaseSettings):
     adaptive: bool = False  # move each cap from the server's /metrics (worker/adaptive.py)
     adaptive_interval: float = Field(default=2.0, gt=0)
     adaptive_max_inflight: int = Field(default=1024, ge=1)
+    adaptive_headroom: float = Field(default=0.1, ge=0, le=1)  # waiting allowed / running
     rpm: int | None = Field(default=None, ge=1)  # requests per minute, cluster-wide
     tpm: int | None = Field(default=None, ge=1)  # prompt + completion tokens per minute
 

@@ -30,13 +30,23 @@ def test_the_cap_grows_by_half_while_the_server_runs_everything_we_send():
     assert state.cap == 12 and state.ceiling is None
 
 
-def test_the_cap_drops_to_what_the_server_runs_once_it_queues():
+def test_the_cap_drops_to_what_the_server_runs_plus_a_small_queue_once_it_queues_more():
     state = next_cap(CapState(40), _full(32, waiting=8), inflight=40, limits=LIMITS)
-    assert (state.cap, state.ceiling) == (32, 32)
+    assert (state.cap, state.ceiling) == (32 + 4, 32)  # 10% of 32 may wait, rounded up
+
+
+def test_a_small_queue_on_a_full_server_holds_the_cap():
+    state = next_cap(CapState(35), _full(32, waiting=3), inflight=35, limits=LIMITS)
+    assert (state.cap, state.ceiling) == (35, 32)
+
+
+def test_with_no_headroom_the_cap_drops_to_exactly_what_the_server_runs():
+    limits = Limits(headroom=0)
+    assert next_cap(CapState(40), _full(32, waiting=8), 40, limits).cap == 32
 
 
 def test_the_cap_never_rises_on_a_queue_even_if_others_fill_the_server():
-    state = next_cap(CapState(10), _full(32, waiting=3), inflight=10, limits=LIMITS)
+    state = next_cap(CapState(10), _full(32, waiting=9), inflight=10, limits=LIMITS)
     assert state.cap == 10
 
 
@@ -51,25 +61,25 @@ def test_the_cap_holds_when_the_kv_cache_is_full():
 
 
 def test_above_a_known_capacity_the_cap_probes_one_slot_after_quiet_reads():
-    state = CapState(32, ceiling=32)
+    state = CapState(36, ceiling=32)  # 32 run, 4 may wait
     caps = []
     for _ in range(4):
-        state = next_cap(state, _full(32), inflight=32, limits=LIMITS)
+        state = next_cap(state, _full(32), inflight=36, limits=LIMITS)
         caps.append(state.cap)
-    assert caps == [32, 32, 33, 33]
+    assert caps == [36, 36, 37, 37]
 
 
 def test_below_a_known_capacity_the_cap_recovers_at_once_up_to_it():
     state = next_cap(CapState(20, ceiling=32), _full(20), inflight=20, limits=LIMITS)
     assert state.cap == 30
     state = next_cap(state, _full(30), inflight=30, limits=LIMITS)
-    assert state.cap == 32
+    assert state.cap == 36
 
 
 def test_probes_that_keep_succeeding_bring_back_fast_growth():
-    state = CapState(34, ceiling=32, quiet=5)
-    state = next_cap(state, _full(34), inflight=34, limits=LIMITS)
-    assert state.ceiling is None and state.cap == 51
+    state = CapState(38, ceiling=32, quiet=5)
+    state = next_cap(state, _full(38), inflight=38, limits=LIMITS)
+    assert state.ceiling is None and state.cap == 57
 
 
 def test_the_cap_stays_within_its_limits():
@@ -89,19 +99,24 @@ def _simulate(capacity_at, steps: int, start: int = 64) -> list[tuple[int, int]]
     return trace
 
 
-def test_the_cap_finds_the_capacity_and_keeps_the_queue_near_zero():
+def _settled(trace: list[tuple[int, int]], capacity: int) -> bool:
+    """The server full, with no more than its headroom (plus one probe) waiting."""
+    queue = LIMITS.queue(capacity)
+    return all(capacity <= cap <= capacity + queue + 1 for cap, _ in trace)
+
+
+def test_the_cap_finds_the_capacity_and_keeps_the_queue_small():
     trace = _simulate(lambda step: 24, steps=60)
-    settled = trace[10:]
-    assert all(24 <= cap <= 25 for cap, _ in settled)
-    assert sum(waiting for _, waiting in settled) <= len(settled) / 3
+    assert _settled(trace[10:], 24)
+    assert max(waiting for _, waiting in trace[10:]) <= LIMITS.queue(24) + 1
 
 
 def test_the_cap_follows_the_capacity_when_it_changes_mid_run():
     trace = _simulate(lambda step: 24 if step < 30 else 48, steps=60, start=4)
-    assert 24 <= trace[29][0] <= 25
-    assert all(48 <= cap <= 49 for cap, _ in trace[45:])
+    assert _settled(trace[20:30], 24)
+    assert _settled(trace[45:], 48)
     trace = _simulate(lambda step: 48 if step < 30 else 16, steps=45)
-    assert all(16 <= cap <= 17 for cap, _ in trace[33:])
+    assert _settled(trace[33:], 16)
 
 
 VLLM_METRICS = """\

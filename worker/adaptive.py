@@ -2,10 +2,13 @@
 
 The goal is a server that runs full with its waiting queue near zero. vLLM's
 ``num_requests_waiting`` says when we send more than it runs at once, and ``num_requests_running``
-at that moment is what it can run; the cap goes there. While the server runs everything we
-send and our slots are all taken, the cap grows: fast until the server first queues, then one
-slot at a time every few intervals, back to fast growth when such probes keep succeeding
-(the server's capacity went up). KV-cache usage near full holds the cap (vLLM would preempt).
+at that moment is what it can run; the cap goes there, plus a small queue (``headroom``, 10% of
+what runs): a request finishing frees its slot before the client that sent it has noticed and
+sent the next one, and a few requests waiting keep the batch full through that hand-off (on
+this machine a cap of exactly the server's capacity left 4% of its slots idle). While the
+server runs everything we send and our slots are all taken, the cap grows: fast until the
+server first queues, then one slot at a time every few reads, and fast again when such probes
+keep succeeding (the server's capacity went up). KV-cache usage near full holds the cap.
 
 The cap lives in Redis, so every worker obeys it; one process per endpoint drives it at a
 time (a small lock), and the stored cap expires if no driver is left.
@@ -14,6 +17,7 @@ time (a small lock), and the stored cap expires if no driver is left.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import uuid
 from dataclasses import dataclass, replace
@@ -60,30 +64,39 @@ class Limits:
     growth: float = 1.5  # per read while the capacity is unknown
     probe_every: int = 3  # reads between one-slot probes above a known capacity
     kv_full: float = 0.98
+    headroom: float = 0.1  # requests allowed to wait, as a share of those running
+
+    def queue(self, running: int) -> int:
+        """How many waiting requests are welcome when ``running`` run."""
+        return math.ceil(running * self.headroom)
 
 
 def next_cap(state: CapState, load: ServerLoad, inflight: int, limits: Limits) -> CapState:
     """The next cap, from the server's load and how many of our slots are taken."""
-    if load.waiting > 0:
-        cap = _clamp(min(state.cap, load.running), limits)
-        return CapState(cap, ceiling=max(load.running, limits.low), quiet=0)
+    ceiling = max(load.running, limits.low)
+    if load.waiting > limits.queue(load.running):
+        cap = _clamp(min(state.cap, load.running + limits.queue(load.running)), limits)
+        return CapState(cap, ceiling, quiet=0)
+    if load.waiting > 0:  # full, with the small queue we want
+        return CapState(state.cap, ceiling, quiet=state.quiet + 1)
     quiet = replace(state, quiet=state.quiet + 1)
     # Growing only helps while we use every slot; a nearly full KV cache would preempt.
     if inflight < state.cap or (load.kv_usage or 0.0) >= limits.kv_full:
         return quiet
-    if state.ceiling is None or state.cap < state.ceiling:
-        return _grow(state, limits)
+    known = None if state.ceiling is None else state.ceiling + limits.queue(state.ceiling)
+    if known is None or state.cap < known:
+        return _grow(state, known, limits)
     if quiet.quiet < limits.probe_every:
         return quiet
-    if state.cap >= state.ceiling + 2:  # two probes in a row ran without a queue
-        return _grow(replace(state, ceiling=None), limits)
+    if state.cap >= known + 2:  # two probes in a row ran without a queue
+        return _grow(replace(state, ceiling=None), None, limits)
     return CapState(_clamp(state.cap + 1, limits), state.ceiling, quiet=0)
 
 
-def _grow(state: CapState, limits: Limits) -> CapState:
+def _grow(state: CapState, known: int | None, limits: Limits) -> CapState:
     grown = max(state.cap + 1, int(state.cap * limits.growth))
-    if state.ceiling is not None:
-        grown = min(grown, state.ceiling)
+    if known is not None:
+        grown = min(grown, known)
     return CapState(_clamp(grown, limits), state.ceiling, quiet=0)
 
 
@@ -125,7 +138,9 @@ class AdaptiveDriver:
         self.settings = settings
         self.r = client
         self.slots = slots
-        self.limits = Limits(high=settings.adaptive_max_inflight)
+        self.limits = Limits(
+            high=settings.adaptive_max_inflight, headroom=settings.adaptive_headroom
+        )
         self.token = uuid.uuid4().hex
         self.states: dict[str, CapState] = {}
         self._lock = client.register_script(_LOCK)
