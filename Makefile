@@ -9,11 +9,12 @@ WORKERS ?= 2
 # The docker stack; TLS=1 adds docker-compose.tls.yml (Redis speaks TLS only).
 COMPOSE := docker compose -f docker-compose.yml $(if $(filter 1,$(TLS)),-f docker-compose.tls.yml)
 
-.PHONY: chaos help install install-dev demo test test-unit lint format bench up down logs ps enqueue worker-host worker collector flower redis clean
+.PHONY: chaos help install install-dev demo test test-unit test-vllm lint format bench up down logs ps enqueue worker-host worker collector flower redis clean
 
 help:
 	@echo "make demo      run the bundled prompts end to end (simulator, worker, collector)"
 	@echo "make test      set up and run the test suite (needs/starts Redis)"
+	@echo "make test-vllm the same pipeline against a real vLLM CPU server (tiny model)"
 	@echo "make lint      ruff + mypy"
 	@echo "make up/down   docker compose stack (WORKERS=N, TLS=1); make logs, make ps"
 	@echo "make worker    a worker from .venv; make worker-host: docker workers on another host"
@@ -46,6 +47,12 @@ test: install-dev redis
 
 test-unit: install-dev
 	$(BIN)/pytest -m "not integration"
+
+# A real vLLM CPU server in its own venv (scripts/setup_vllm.sh). Where it cannot be
+# installed the tier skips with the reason; in CI that is a failure. Redis DB 11 is its own.
+test-vllm: install-dev redis
+	scripts/setup_vllm.sh || [ -z "$$CI" ]
+	EAGLEGEN_TEST_REDIS_URL=redis://127.0.0.1:6379/11 $(BIN)/pytest -m vllm tests/vllm
 
 lint: install-dev
 	$(BIN)/ruff check .
