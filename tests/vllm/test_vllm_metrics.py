@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.conftest import ROOT, Stack
+from tests.integration.conftest import ROOT, Stack, wait_for
 from tests.vllm.conftest import Server, report, start_server, stop_server
+from worker.capacity import EndpointView, SlotTable
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]  # server start-up included
 
@@ -73,3 +74,52 @@ def test_the_server_runs_at_most_max_num_seqs_while_more_requests_wait(
         f"max-num-seqs {MAX_NUM_SEQS}: {len(running)} /metrics reads, {saturated} with "
         f"{MAX_NUM_SEQS} running, waiting up to {max(w for _, w in sampler.reads):g}"
     )
+
+
+def _endpoint(stack: Stack, endpoint: str) -> EndpointView:
+    """The endpoint's cap and requests in flight, as every worker sees them in Redis."""
+    table = SlotTable(stack.store.r, stack.settings.key_prefix, {endpoint: 64}, 30)
+    [view] = table.snapshot()
+    return view
+
+
+def _run_bundled_prompts(stack: Stack, server: Server, **env: str) -> None:
+    stack.env |= {"EAGLEGEN_ENDPOINTS": server.endpoint, **env}
+    stack.worker(concurrency=16)
+    stack.collector()
+    stack.enqueue(DATA / "vicuna_bench_question.jsonl")
+    stack.enqueue(DATA / "mt_bench_question.jsonl")
+
+
+def test_an_endpoint_cap_bounds_what_the_server_holds_whatever_the_worker_concurrency(
+    stack: Stack, small_server: Server
+) -> None:
+    cap = MAX_NUM_SEQS + 1
+    with GaugeSampler(small_server) as sampler:
+        _run_bundled_prompts(stack, small_server, EAGLEGEN_MAX_INFLIGHT=str(cap))
+        stack.wait_complete(timeout=300)
+    assert max(r + w for r, w in sampler.reads) <= cap, sampler.reads
+    assert any(r == MAX_NUM_SEQS for r, _ in sampler.reads)
+    assert len(stack.lines()) == 160
+
+
+def test_adaptive_caps_follow_the_real_metrics_down_to_what_the_server_runs(
+    stack: Stack, small_server: Server
+) -> None:
+    adaptive = {"EAGLEGEN_ADAPTIVE": "true", "EAGLEGEN_ADAPTIVE_INTERVAL": "0.3"}
+    _run_bundled_prompts(stack, small_server, EAGLEGEN_MAX_INFLIGHT="64", **adaptive)
+    caps: list[int] = []
+
+    def cap_came_down() -> bool:
+        view = _endpoint(stack, small_server.endpoint)
+        caps.append(view.cap)
+        return view.adaptive and view.cap <= MAX_NUM_SEQS + 2  # running + a small queue
+
+    wait_for(cap_came_down, 120, lambda: f"the adaptive cap to come down (caps {caps[-20:]})")
+    with GaugeSampler(small_server) as sampler:
+        stack.wait_complete(timeout=300)
+    waiting = max(w for _, w in sampler.reads)
+    # Without a cap the 16 streams queue 14 (the test above); the driver's probes add a few.
+    assert waiting <= 2 * MAX_NUM_SEQS + 2, sampler.reads
+    assert len(stack.lines()) == 160
+    report(f"adaptive: cap 64 -> {caps[-1]}; waiting at most {waiting:g} afterwards")
