@@ -16,6 +16,7 @@ help:
 	@echo "make test      set up and run the test suite (needs/starts Redis)"
 	@echo "make test-vllm the same pipeline against a real vLLM CPU server (tiny model)"
 	@echo "make lint      ruff + mypy"
+	@echo "make bench     capacity benchmarks vs a baseline script (a few minutes)"
 	@echo "make up/down   docker compose stack (WORKERS=N, TLS=1); make logs, make ps"
 	@echo "make worker    a worker from .venv; make worker-host: docker workers on another host"
 
@@ -98,6 +99,11 @@ flower: install redis
 
 chaos: install-dev
 	$(PY) scripts/chaos.py
+
+# Capacity benchmarks, side by side with the baseline script (Redis db 12; ~7 min on 2 cores):
+# JSON in bench/results/, a Markdown summary on stdout, figures quoted in docs/benchmarks.md.
+bench: install redis
+	$(PY) bench/bench_capacity.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache out .eaglegen

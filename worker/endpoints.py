@@ -247,4 +247,6 @@ def _client(url: str, settings: Settings, limiter: RateLimiter | None) -> ChatCl
 
 
 def _health(settings: Settings) -> EndpointHealth:
-    return EndpointHealth(settings.endpoint_failures, settings.endpoint_cooldown)
+    # Probes are one GET each: a dead server is still asked at least every six cool-downs.
+    cooldown = settings.endpoint_cooldown
+    return EndpointHealth(settings.endpoint_failures, cooldown, max_cooldown=cooldown * 6)

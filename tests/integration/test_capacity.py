@@ -17,6 +17,9 @@ import httpx
 import pytest
 import redis
 
+from cli.enqueue_cmd import run_enqueue
+from common.models import GenParams
+from common.settings import Settings
 from common.store import connect
 from tests.integration.conftest import Stack, free_port, wait_for
 from worker.capacity import Slot, SlotTable
@@ -45,6 +48,22 @@ def _prompts(tmp: Path, n: int, tag: str = "q") -> Path:
 
 def _stats(url: str) -> dict:
     return httpx.get(f"{url}/sim/stats", timeout=5).json()
+
+
+def _enqueue(stack: Stack, source: Path) -> None:
+    """Enqueue in this process: a CLI start-up costs seconds on a busy machine."""
+    env = {k.removeprefix("EAGLEGEN_").lower(): v for k, v in stack.env.items()}
+    run_enqueue(Settings(**env), stack.store, str(source), GenParams(), "auto", None, None, None)
+
+
+def _wait_answered(stack: Stack, timeout: float = 60) -> None:
+    """Every sample answered or failed (no collector needed)."""
+
+    def answered() -> bool:
+        counts = stack.store.counts()
+        return counts.total > 0 and counts.done + counts.failed == counts.total
+
+    wait_for(answered, timeout, lambda: f"every sample answered ({stack.store.counts()})")
 
 
 def _table(stack: Stack, caps: dict[str, int], ttl: float = 30) -> SlotTable:
@@ -109,19 +128,18 @@ def test_two_workers_with_a_cap_never_run_more_than_it_on_the_endpoint(stack: St
     stack.env["EAGLEGEN_MAX_INFLIGHT"] = "4"
     stack.worker(concurrency=8)
     stack.worker(concurrency=8)
-    stack.collector()
-    stack.enqueue(_prompts(tmp_path, 60))
-    stack.wait_complete(timeout=60)
+    _enqueue(stack, _prompts(tmp_path, 60))
+    _wait_answered(stack)
     stats = _stats(url)
     assert stats["peak_running"] == 4  # reached, never exceeded, with 16 threads wanting more
-    assert len(stack.lines()) == 60
+    assert (stats["completed"], stack.store.counts().done) == (60, 60)
 
 
 def test_a_slot_held_by_a_killed_worker_frees_itself_within_its_lease(stack: Stack, tmp_path):
     stack.simulator("--time-per-token", "1", "--min-answer-tokens", "100")
     table = _table(stack, {stack.env["EAGLEGEN_ENDPOINTS"]: 3})
     worker = stack.worker(concurrency=3, EAGLEGEN_MAX_INFLIGHT="3", EAGLEGEN_SLOT_TTL="2")
-    stack.enqueue(_prompts(tmp_path, 3))
+    _enqueue(stack, _prompts(tmp_path, 3))
     wait_for(lambda: table.snapshot()[0].inflight == 3, 30, "three slots to be taken")
     worker.send_signal(signal.SIGKILL)
     worker.wait()
@@ -136,17 +154,17 @@ def test_a_failing_endpoint_is_taken_out_probed_and_brought_back(stack: Stack, t
     dead = f"http://127.0.0.1:{dead_port}"
     stack.env["EAGLEGEN_ENDPOINTS"] = f"{dead}/v1,{good}/v1"
     stack.worker(concurrency=4, EAGLEGEN_ENDPOINT_FAILURES="2", EAGLEGEN_ENDPOINT_COOLDOWN="1")
-    stack.collector()
-    stack.enqueue(_prompts(tmp_path, 20, "first"))
-    stack.wait_complete(timeout=60)
-    assert {r["generation"]["endpoint"] for r in stack.lines()} == {f"{good}/v1"}
+    _enqueue(stack, _prompts(tmp_path, 20, "first"))
+    _wait_answered(stack)
+    assert _stats(good)["completed"] == 20 and stack.store.counts().failed == 0
     # Out after 2 failures (plus the few already on their way): not half of the 20 first tries.
     assert stack.store.counts().retries <= 2 + 3
     stack.procs.start("simulator", ["simulate", "--port", str(dead_port), *FAST], {})
     wait_for(lambda: _answers(dead), 30, "the dead endpoint to come up")
-    stack.enqueue(_prompts(tmp_path, 40, "second"))
-    stack.wait_complete(timeout=60)
-    assert _stats(dead)["completed"] > 0  # probed, back, and given work again
+    _table(stack, {}).drain(f"{good}/v1")  # new work can only go where the probe brings back
+    _enqueue(stack, _prompts(tmp_path, 10, "second"))
+    _wait_answered(stack, timeout=30)
+    assert _stats(dead)["completed"] == 10
 
 
 def _answers(url: str) -> bool:
@@ -163,10 +181,23 @@ def test_a_drained_endpoint_gets_no_new_requests(stack: Stack, tmp_path):
     drained = stack.procs.run(["endpoints", "drain", f"{first}/v1"], stack.env)
     assert drained.returncode == 0, drained.stderr
     stack.worker(concurrency=6)
-    stack.collector()
-    stack.enqueue(_prompts(tmp_path, 30))
-    stack.wait_complete(timeout=60)
-    assert _stats(first)["requests"] == 0
+    _enqueue(stack, _prompts(tmp_path, 30))
+    _wait_answered(stack)
+    assert (_stats(first)["requests"], _stats(second)["completed"]) == (0, 30)
     listing = stack.procs.run(["endpoints", "list", "--json"], stack.env)
     states = {v["endpoint"]: v["drained"] for v in json.loads(listing.stdout)}
     assert states == {f"{first}/v1": True, f"{second}/v1": False}
+
+
+def test_the_adaptive_cap_settles_at_what_the_server_runs_plus_a_small_queue(
+    stack: Stack, tmp_path
+):
+    url = stack.simulator("--max-num-seqs", "6", "--time-per-token", "0.05",
+                          "--min-answer-tokens", "30", "--reasoning-tokens", "0")  # fmt: skip
+    endpoint = stack.env["EAGLEGEN_ENDPOINTS"]
+    stack.worker(concurrency=12, EAGLEGEN_ADAPTIVE="true", EAGLEGEN_ADAPTIVE_INTERVAL="0.3")
+    _enqueue(stack, _prompts(tmp_path, 200))
+    cap = _table(stack, {endpoint: 64}).cap_key(endpoint)
+    wait_for(lambda: stack.store.r.get(cap) == "7", 30, "the cap to reach 6 running + 1 waiting")
+    httpx.post(f"{url}/sim/config", json={"max_num_seqs": 3}, timeout=5).raise_for_status()
+    wait_for(lambda: stack.store.r.get(cap) == "4", 30, "the cap to follow the capacity down")
