@@ -86,6 +86,18 @@ class Simulator:
         httpx.post(f"{self.url}/sim/config", json=change, timeout=10).raise_for_status()
 
 
+@dataclass(frozen=True)
+class Row:
+    """One sample of a simulator's state."""
+
+    at: float  # seconds since the sampler started
+    running: int
+    waiting: int
+    slots: int  # the simulator's max_num_seqs at that moment
+    tokens: int  # generated so far
+    cap: int | None  # the endpoint's cap in Redis, when asked for
+
+
 @dataclass
 class Sampler:
     """Samples a simulator's running/waiting (and optionally a cap) in the background."""
@@ -93,7 +105,7 @@ class Sampler:
     sim: Simulator
     cap: Callable[[], int | None] = lambda: None
     every: float = 0.2
-    rows: list[tuple[float, int, int, int, int | None]] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def __enter__(self) -> Sampler:
@@ -108,9 +120,11 @@ class Sampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):
-            stats = self.sim.stats()
+            s = self.sim.stats()
             at = time.monotonic() - self._started
-            row = (at, stats["running"], stats["waiting"], stats["max_num_seqs"], self.cap())
+            row = Row(
+                at, s["running"], s["waiting"], s["max_num_seqs"], s["tokens_generated"], self.cap()
+            )
             self.rows.append(row)
 
 
@@ -137,6 +151,14 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop_all()
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        """Delete this scenario's keys only: others may share the database."""
+        r = connect(self.redis_url)
+        for pattern in (f"{self.prefix}:*", f"{self.queue}*", f"_kombu.binding.{self.queue}*"):
+            for key in r.scan_iter(match=pattern, count=1000):
+                r.delete(key)
 
     def settings(self, run: str) -> Settings:
         """Settings as the scenario's processes see them, for ``run``."""
@@ -223,6 +245,8 @@ class Stack:
 
         def done() -> bool:
             counts = store.counts()
+            if counts.total == 0:  # would read as complete
+                raise RuntimeError(f"run {run} vanished: was the database flushed under us?")
             return counts.complete if written else counts.done + counts.failed == counts.total
 
         wait_until(done, timeout, f"run {run} to complete", every=0.05)
