@@ -138,7 +138,9 @@ class Stack:
             "EAGLEGEN_BACKOFF_MAX": "0.3",
             "EAGLEGEN_MAX_RETRIES": "4",
             "EAGLEGEN_LEASE_TTL": "5",
-            "EAGLEGEN_STALL_TIMEOUT": "5",
+            # Generous: on a loaded 2-core machine a healthy stream can pause for seconds, and
+            # an abandoned stream keeps its server slot until the server notices.
+            "EAGLEGEN_STALL_TIMEOUT": "60",
         }
         self.settings = Settings(redis_url=redis_url, run=self.run_name)
         self.store = RunStore(connect(redis_url), self.settings.key_prefix, self.run_name)
