@@ -137,7 +137,7 @@ class Stack:
             "EAGLEGEN_BACKOFF_BASE": "0.05",
             "EAGLEGEN_BACKOFF_MAX": "0.3",
             "EAGLEGEN_MAX_RETRIES": "4",
-            "EAGLEGEN_LEASE_TTL": "5",
+            "EAGLEGEN_LEASE_TTL": "20",
             # Generous: on a loaded 2-core machine a healthy stream can pause for seconds, and
             # an abandoned stream keeps its server slot until the server notices.
             "EAGLEGEN_STALL_TIMEOUT": "60",
