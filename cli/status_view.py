@@ -19,7 +19,7 @@ from common.store import RunStore
 def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
     """Every figure ``status`` shows, as one JSON-ready dict (a few Redis round trips)."""
     counts = store.counts()
-    snap = read_snapshot(store.r, store.keys)
+    snap = read_snapshot(store.r, store.keys, since=counts.started_at)
     data: dict[str, Any] = {**counts.as_dict(), **snap.as_dict()}
     elapsed = time.time() - counts.started_at if counts.started_at else None
     data["elapsed_s"] = round(elapsed, 1) if elapsed else None

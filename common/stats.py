@@ -146,8 +146,14 @@ class StatsRecorder:
         pipe.execute()
 
 
-def read_snapshot(client: redis.Redis, keys: RunKeys, now: float | None = None) -> Snapshot:
-    """Everything ``status`` shows beyond the counts, in two round trips."""
+def read_snapshot(
+    client: redis.Redis, keys: RunKeys, now: float | None = None, since: float | None = None
+) -> Snapshot:
+    """Everything ``status`` shows beyond the counts, in one round trip.
+
+    ``since`` (the run's start) bounds the rate window, so a young run's rate is not diluted
+    by the seconds before it existed.
+    """
     now = time.time() if now is None else now
     first = int(now - RATE_WINDOW_S) // BUCKET_S + 1
     buckets = [keys.rate_bucket(b) for b in range(first, int(now) // BUCKET_S + 1)]
@@ -159,7 +165,7 @@ def read_snapshot(client: redis.Redis, keys: RunKeys, now: float | None = None) 
     stats, endpoint_stats, *rates = pipe.execute()
     snap = _from_stats(stats)
     # The current bucket is partly filled: divide by the time actually covered.
-    covered = max(now - first * BUCKET_S, 1.0)
+    covered = max(min(now - first * BUCKET_S, now - (since or 0.0)), 1.0)
     snap.samples_per_s_minute = sum(int(r[0] or 0) for r in rates) / covered
     snap.tokens_per_s_minute = sum(int(r[1] or 0) for r in rates) / covered
     snap.endpoints = _endpoints(endpoint_stats)
