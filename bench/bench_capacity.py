@@ -39,6 +39,7 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 from stack import (  # noqa: E402
+    CLIENT,
     ROOT,
     Row,
     Sampler,
@@ -56,9 +57,9 @@ from simulator.answers import expected_answer  # noqa: E402
 from simulator.config import SimConfig  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-# Answers of 20-120 tokens, no reasoning: varied lengths, and few enough tokens per second that
-# the simulator is not CPU bound on two cores.
-ANSWER_CFG = SimConfig(min_answer_tokens=20, max_answer_tokens=120, reasoning_tokens=0)
+# Answers of 20-80 tokens, no reasoning: varied lengths, and few enough tokens per second
+# (32 slots / 20 ms = 1,600 a second) that the simulator keeps its schedule on two cores.
+ANSWER_CFG = SimConfig(min_answer_tokens=20, max_answer_tokens=80, reasoning_tokens=0)
 ANSWERS = (
     "--min-answer-tokens", str(ANSWER_CFG.min_answer_tokens),
     "--max-answer-tokens", str(ANSWER_CFG.max_answer_tokens),
@@ -90,6 +91,7 @@ def run_baseline(sim: Simulator, prompts: Path, concurrency: int, out: Path) -> 
     out.unlink(missing_ok=True)
     script = ROOT / "bench" / "baseline_asyncio.py"
     args = [
+        *CLIENT,
         sys.executable,
         str(script),
         "--endpoint",
@@ -560,9 +562,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=1000)
     # One worker process per core, as `make up` runs them: the GIL caps what one process streams.
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--slots", type=int, default=48)
+    parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--per-token", type=float, default=0.02)
-    parser.add_argument("--baseline-concurrency", type=int, nargs="*", default=[48, 96, 192])
+    parser.add_argument("--baseline-concurrency", type=int, nargs="*", default=[32, 64, 128])
     parser.add_argument("--adaptive-slots", type=int, nargs=3, default=[24, 48, 32])
     parser.add_argument("--adaptive-interval", type=float, default=0.5)
     parser.add_argument("--overhead-samples", type=int, default=1000)

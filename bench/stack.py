@@ -32,6 +32,10 @@ from common.store import RunStore, connect  # noqa: E402
 from worker.capacity import SlotTable  # noqa: E402
 
 CLI = [sys.executable, "-m", "cli.main"]
+# The simulator stands in for a GPU server, which has its own machine; here it shares two
+# cores with the clients, and a client that takes its CPU slows the "server" down. Every
+# client (EagleGen's processes and the baseline alike) therefore runs niced.
+CLIENT = ["nice", "-n", "10"]
 MODEL = "eaglegen-sim"
 
 
@@ -174,18 +178,25 @@ class Stack:
         """The store of one run of this scenario."""
         return RunStore(connect(self.redis_url), self.prefix, run)
 
-    def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        """Start a child process of the ``eaglegen`` command, logging to the scenario folder."""
+    def start(
+        self, name: str, args: list[str], env: dict[str, str], client: bool = True
+    ) -> subprocess.Popen[bytes]:
+        """Start a child process of the ``eaglegen`` command, logging to the scenario folder.
+
+        Clients run at a lower priority than the simulator (see ``CLIENT``).
+        """
         log = (self.dir / f"{name}-{len(self.procs)}.log").open("wb")
         full = {**os.environ, **self.env, **env, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen([*CLI, *args], cwd=ROOT, env=full, stdout=log, stderr=log)
+        command = [*CLIENT, *CLI, *args] if client else [*CLI, *args]
+        proc = subprocess.Popen(command, cwd=ROOT, env=full, stdout=log, stderr=log)
         self.procs.append(proc)
         return proc
 
     def simulator(self, *options: str) -> Simulator:
         """Start a simulator and wait until it answers."""
         port = free_port()
-        proc = self.start("simulator", ["simulate", "--port", str(port), *options], {})
+        args = ["simulate", "--port", str(port), *options]
+        proc = self.start("simulator", args, {}, client=False)
         sim = Simulator(f"http://127.0.0.1:{port}", proc)
 
         def up() -> bool:

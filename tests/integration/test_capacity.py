@@ -1,7 +1,8 @@
 """Cluster-wide caps, routing, health and drains: real Redis, simulators and worker processes.
 
 This module uses its own Redis database (12 unless EAGLEGEN_CAPACITY_REDIS_URL says
-otherwise) so that it can run beside the other suites on one server.
+otherwise), shared with ``make bench``: nothing here flushes it, every test works under its
+own key prefix and queue and deletes them afterwards.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,7 +22,7 @@ import redis
 from cli.enqueue_cmd import run_enqueue
 from common.models import GenParams
 from common.settings import Settings
-from common.store import connect
+from common.store import RunStore, connect
 from tests.integration.conftest import Stack, free_port, wait_for
 from worker.capacity import Slot, SlotTable
 from worker.ratelimit import RateLimiter
@@ -38,6 +40,25 @@ def redis_url() -> str:
             pytest.fail(f"Redis at {url} is needed in CI: {exc}")
         pytest.skip(f"no Redis at {url}: {exc}")
     return url
+
+
+@pytest.fixture
+def rdb(redis_url: str) -> Iterator[redis.Redis]:
+    yield connect(redis_url)  # no flush (see the module docstring)
+
+
+@pytest.fixture
+def stack(stack: Stack, redis_url: str) -> Iterator[Stack]:
+    prefix = f"captest-{uuid.uuid4().hex[:8]}"
+    stack.env["EAGLEGEN_KEY_PREFIX"] = prefix
+    stack.settings = Settings(redis_url=redis_url, run=stack.run_name, key_prefix=prefix)
+    stack.store = RunStore(connect(redis_url), prefix, stack.run_name)
+    yield stack
+    stack.procs.stop_all()
+    r = stack.store.r
+    for pattern in (f"{prefix}:*", f"{stack.env['EAGLEGEN_QUEUE']}*"):
+        for key in r.scan_iter(match=pattern, count=1000):
+            r.delete(key)
 
 
 def _prompts(tmp: Path, n: int, tag: str = "q") -> Path:
@@ -109,7 +130,7 @@ def test_an_expired_slot_frees_itself_and_a_late_renewal_counts_it_again(stack: 
 
 
 def test_the_request_rate_is_paced_across_limiters_sharing_redis(stack: Stack):
-    prefix = f"rate-{uuid.uuid4().hex[:6]}"
+    prefix = stack.settings.key_prefix
     one = RateLimiter(stack.store.r, prefix, rpm=600, tpm=None)
     two = RateLimiter(stack.store.r, prefix, rpm=600, tpm=None)
     assert one._admit() == 0
