@@ -573,7 +573,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--overhead-samples", type=int, default=1000)
     parser.add_argument("--overhead-concurrency", type=int, default=64)
     parser.add_argument("--scale-cap", type=int, default=16)
-    parser.add_argument("--scale-samples", type=int, default=160)
+    parser.add_argument("--scale-samples", type=int, default=320)
     parser.add_argument("--scale-per-token", type=float, default=0.02)
     return parser.parse_args()
 
