@@ -100,7 +100,7 @@ flower: install redis
 chaos: install-dev
 	$(PY) scripts/chaos.py
 
-# Capacity benchmarks, side by side with the baseline script (Redis db 12; ~7 min on 2 cores):
+# Capacity benchmarks, side by side with the baseline script (Redis db 12; ~5 min on 2 cores):
 # JSON in bench/results/, a Markdown summary on stdout, figures quoted in docs/benchmarks.md.
 bench: install redis
 	$(PY) bench/bench_capacity.py

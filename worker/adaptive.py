@@ -4,8 +4,8 @@ The goal is a server that runs full with its waiting queue near zero. vLLM's
 ``num_requests_waiting`` says when we send more than it runs at once, and ``num_requests_running``
 at that moment is what it can run; the cap goes there, plus a small queue (``headroom``, 10% of
 what runs): a request finishing frees its slot before the client that sent it has noticed and
-sent the next one, and a few requests waiting keep the batch full through that hand-off (on
-this machine a cap of exactly the server's capacity left 6-8% of its slots idle). While the
+sent the next one, and a few requests waiting keep the batch full through that hand-off (in
+``make bench`` a cap of exactly the server's capacity left about 6% of its slots idle). While the
 server runs everything we send and our slots are all taken, the cap grows by half per read:
 until the server first queues, and after that only once even the small queue has stayed empty
 for a few reads (the server's capacity went up). KV-cache usage near full holds the cap.
