@@ -26,9 +26,8 @@ template's closing tokens were never generated.
 Output in ``out_dir``: ``dataset/`` (``load_from_disk``-able, ``save_to_disk``'s layout: ``id``,
 ``input_ids`` int32, ``loss_mask`` int8, ``truncated`` if flagged), ``conversations.jsonl``
 (SpecForge rows, one per output row, history as the server saw it) and ``stats.json``. Rows
-stream through ``Dataset.from_generator`` and its Arrow shards are moved into place, so memory
-does not grow with the input. Records with an id already seen are skipped (the collector's
-queue delivers at least once).
+stream to disk chunk by chunk (:mod:`training.sink`), so memory does not grow with the input.
+Records with an id already seen are skipped (the collector's queue delivers at least once).
 
 Speed: one process renders the next chunk while a thread tokenizes the current one (the
 tokenizer releases the GIL). ``num_proc > 1`` renders and tokenizes chunks in a pool of spawned
@@ -40,9 +39,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 import time
-import uuid
+from array import array
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -61,6 +59,7 @@ from training.render import (
     plan_rows,
     span_config,
 )
+from training.sink import DatasetSink, OutRow
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -70,9 +69,6 @@ TruncatePolicy = Literal["drop", "turn"]
 
 _EXAMPLES = 5
 _BAD_EXAMPLES = 20
-# Iterators handed to Dataset.from_generator by key: the generator function stays small and
-# picklable, so `datasets` never hashes the tokenizer.
-_RUNNING: dict[str, Iterator[dict[str, Any]]] = {}
 
 
 @dataclass
@@ -123,17 +119,6 @@ class JobConfig:
     on_length: FinishPolicy
     truncate: TruncatePolicy
     per_turn: PerTurn
-
-
-@dataclass(slots=True)
-class OutRow:
-    """One output row, plus its SpecForge conversations line."""
-
-    id: str
-    input_ids: list[int]
-    loss_mask: list[int]
-    truncated: bool
-    conversation: str
 
 
 @dataclass(slots=True)
@@ -351,8 +336,8 @@ class Worker:
         outcome.rows.append(OutRow(row_id, ids, mask, truncated, line))
 
     def fit(
-        self, row: RowPlan, ids: list[int], mask: list[int], starts: list[int]
-    ) -> tuple[list[int], list[int], int] | None:
+        self, row: RowPlan, ids: array[int], mask: Any, starts: list[int]
+    ) -> tuple[array[int], Any, int] | None:
         """Return (ids, mask, last turn) within max_length, cut at a turn if allowed, or None."""
         limit = self.cfg.max_length
         if limit is None or len(ids) <= limit:
@@ -384,18 +369,21 @@ class Worker:
 
 def _row_lists(
     row: RowPlan, prompt: Any, span: Any, starts: list[int]
-) -> tuple[list[int], list[int], int]:
-    """Return a row's input_ids, loss_mask and prompt length from its two encodings."""
+) -> tuple[array[int], Any, int]:
+    """Return a row's input_ids (int32), loss_mask (int8) and prompt length."""
+    import numpy as np
+
     p_ids, s_ids = prompt.ids, span.ids
     n_span = len(s_ids)
     if row.span_mask_end < len(row.span):
         n_span = bisect_left(_starts(span), row.span_mask_end)
-    # Plain lists: cheaper than numpy for the Arrow writer to take in.
-    mask = [0] * len(p_ids) + [1] * n_span + [0] * (len(s_ids) - n_span)
+    ids = array("i", p_ids)
+    ids.extend(s_ids)
+    mask = np.zeros(len(ids), dtype=np.int8)
+    mask[len(p_ids) : len(p_ids) + n_span] = 1
     for e in row.earlier:
-        a, b = bisect_left(starts, e.prompt_end), bisect_left(starts, e.mask_end)
-        mask[a:b] = [1] * (b - a)
-    return p_ids + s_ids, mask, len(p_ids)
+        mask[bisect_left(starts, e.prompt_end) : bisect_left(starts, e.mask_end)] = 1
+    return ids, mask, len(p_ids)
 
 
 def _starts(encoding: Any) -> list[int]:
@@ -472,7 +460,7 @@ def _pipelined(
 
 
 class _Collector:
-    """Main-process side: merges outcomes into stats, writes conversations, yields rows."""
+    """Main-process side: merges outcomes into stats and writes rows and conversations."""
 
     def __init__(self, stats: TokenizeStats, conversations: Any, flag: bool) -> None:
         """Start with empty id set; rows go to the dataset and the conversations file."""
@@ -508,30 +496,25 @@ class _Collector:
         s.mismatch_examples.extend(outcome.mismatches[: max(room, 0)])
         return outcome.rows
 
-    def rows(
-        self, chunks: Iterator[tuple[int, list[Outcome]]], progress: Any, task: Any
-    ) -> Iterator[dict[str, Any]]:
-        """Yield dataset rows from the outcome stream, updating stats and the progress bar."""
+    def drain(
+        self,
+        chunks: Iterator[tuple[int, list[Outcome]]],
+        sink: DatasetSink,
+        progress: Any,
+        task: Any,
+    ) -> None:
+        """Write every chunk's rows to the dataset and the conversations file, counting them."""
         s = self.stats
         for done, outcomes in chunks:
-            for outcome in outcomes:
-                for row in self.merge(outcome):
-                    s.rows_out += 1
-                    s.tokens += len(row.input_ids)
-                    s.masked_tokens += sum(row.loss_mask)
-                    s.flagged_truncated += row.truncated and self.flag
-                    self.conversations.write(row.conversation + "\n")
-                    item: dict[str, Any] = {"id": row.id, "input_ids": row.input_ids}
-                    item["loss_mask"] = row.loss_mask
-                    if self.flag:
-                        item["truncated"] = row.truncated
-                    yield item
+            rows = [row for outcome in outcomes for row in self.merge(outcome)]
+            for row in rows:
+                s.tokens += len(row.input_ids)
+                s.masked_tokens += int(row.loss_mask.sum())
+                s.flagged_truncated += row.truncated and self.flag
+            s.rows_out += len(rows)
+            self.conversations.writelines(row.conversation + "\n" for row in rows)
+            sink.write(rows)
             progress.update(task, completed=done, rows=s.rows_out)
-
-
-def _generate(key: str) -> Iterator[dict[str, Any]]:
-    """Generator for Dataset.from_generator: drain the iterator registered under key."""
-    yield from _RUNNING[key]
 
 
 def load_tokenizer(tokenizer: Any) -> Any:
@@ -573,91 +556,14 @@ def _target_vocab_size(tokenizer: Any) -> int:
     return int(size) if isinstance(size, int) else len(tokenizer)
 
 
-def _features(flag: bool) -> Any:
-    """Return the dataset's column types."""
-    from datasets import Features, List, Value
-
-    cols = {
-        "id": Value("string"),
-        "input_ids": List(Value("int32")),
-        "loss_mask": List(Value("int8")),
-    }
-    if flag:
-        cols["truncated"] = Value("bool")
-    return Features(cols)
-
-
-def _write_dataset(rows: Iterator[dict[str, Any]], features: Any, target: Path) -> None:
-    """Stream rows into Arrow with Dataset.from_generator and put the result at ``target``."""
-    import datasets
-
-    key = uuid.uuid4().hex
-    cache = Path(tempfile.mkdtemp(prefix=".cache-", dir=target.parent))
-    bars = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()  # our own progress bar is the one to watch
-    try:
-        peek = next(rows, None)
-        if peek is None:
-            empty: dict[str, list[Any]] = {name: [] for name in features}
-            # One explicit shard: an empty dataset saved with zero shards cannot be loaded.
-            ds = datasets.Dataset.from_dict(empty, features=features)
-            ds.save_to_disk(str(target), num_shards=1)
-            return
-        _RUNNING[key] = _chain(peek, rows)
-        ds = datasets.Dataset.from_generator(
-            _generate,
-            features=features,
-            cache_dir=str(cache),
-            gen_kwargs={"key": key},
-            fingerprint=key,
-        )
-        _move_into_place(ds, target)
-    finally:
-        _RUNNING.pop(key, None)
-        shutil.rmtree(cache, ignore_errors=True)
-        if bars:
-            datasets.enable_progress_bars()
-
-
-def _move_into_place(ds: Any, target: Path) -> None:
-    """Give the generated Arrow shards save_to_disk's layout by moving them, not copying.
-
-    ``save_to_disk`` would read every shard back through a memory map, so peak RSS would grow
-    with the dataset (and everything would be written twice). The shards ``from_generator``
-    wrote are already what ``save_to_disk`` writes, so they are moved under its file names and
-    its two metadata files are written beside them; ``load_from_disk`` reads the result.
-    """
-    files = [Path(f["filename"]) for f in ds.cache_files]
-    names = [f"data-{i:05d}-of-{len(files):05d}.arrow" for i in range(len(files))]
-    target.mkdir(parents=True)
-    for src, name in zip(files, names, strict=True):
-        shutil.move(src, target / name)
-    info = {k: v for k, v in sorted(asdict(ds.info).items())}
-    (target / "dataset_info.json").write_text(json.dumps(info, indent=2))
-    state = {
-        "_data_files": [{"filename": name} for name in names],
-        "_fingerprint": ds._fingerprint,
-        "_format_columns": None,
-        "_format_kwargs": {},
-        "_format_type": None,
-        "_output_all_columns": False,
-        "_split": str(ds.split) if ds.split is not None else None,
-    }
-    (target / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
-
-
-def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """Yield first, then the rest."""
-    yield first
-    yield from rest
-
-
 def _clear_output(target: Path) -> None:
-    """Remove a previous dataset at target; refuse to delete anything that is not one."""
+    """Remove a previous (or half-written) dataset at target; refuse to delete anything else."""
     if not target.exists():
         return
-    if not (target / "state.json").exists() and any(target.iterdir()):
-        raise ValueError(f"{target} exists and is not a saved dataset; not overwriting it")
+    ours = ("state.json", "dataset_info.json", "data-*.arrow", ".shard-*.arrow")
+    strangers = [p for p in target.iterdir() if not any(p.match(g) for g in ours)]
+    if strangers or not target.is_dir():
+        raise ValueError(f"{target} exists and is not a dataset this job wrote; not overwriting it")
     shutil.rmtree(target)
 
 
@@ -729,13 +635,14 @@ def tokenize(
     _clear_output(out_dir / "dataset")
     started = time.monotonic()
     chunks = _outcomes(in_path, tok.backend_tokenizer, cfg, num_proc, chunk_lines)
+    flag = on_length == "flag"
     with (
         (out_dir / "conversations.jsonl").open("w", encoding="utf-8") as conv,
+        DatasetSink(out_dir / "dataset", flag) as sink,
         _progress(console, progress) as bar,
     ):
         task = bar.add_task("tokenize", total=in_path.stat().st_size, rows=0)
-        rows = _Collector(stats, conv, on_length == "flag").rows(chunks, bar, task)
-        _write_dataset(rows, _features(on_length == "flag"), out_dir / "dataset")
+        _Collector(stats, conv, flag).drain(chunks, sink, bar, task)
     stats.seconds = round(time.monotonic() - started, 3)
     (out_dir / "stats.json").write_text(json.dumps(stats.to_dict(), indent=2) + "\n")
     print_stats(stats, console)

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tests.training.helpers import masked_runs, quiet, write_jsonl
 from tests.training.local_tokenizers import cached_tokenizer
-from training import cli
+from training import cli, sink
 from training.render import TemplateError
 from training.tokenize import tokenize
 
@@ -197,10 +197,9 @@ def test_the_cli_names_the_train_extra_when_it_is_missing(tmp_path, monkeypatch)
 
 
 def test_a_dataset_written_in_several_arrow_shards_loads_whole_and_in_order(tmp_path, monkeypatch):
-    monkeypatch.setattr(datasets.config, "MAX_SHARD_SIZE", 2000)
-    monkeypatch.setattr(datasets.config, "DEFAULT_MAX_BATCH_SIZE", 4)
+    monkeypatch.setattr(sink, "SHARD_BYTES", 2000)
     rows = [conversation(f"r{i}") for i in range(30)]
-    _, out, _ = run(tmp_path, rows)
+    _, out, _ = run(tmp_path, rows, chunk_lines=4)
     assert len(list((tmp_path / "out" / "dataset").glob("data-*.arrow"))) > 1
     assert [r["id"] for r in out] == [f"r{i}" for i in range(30)]
     features = datasets.load_from_disk(str(tmp_path / "out" / "dataset")).features
@@ -214,3 +213,12 @@ def test_a_conversation_the_template_refuses_is_a_bad_row_not_a_crash(tmp_path):
     stats, out, _ = run(tmp_path, [row, conversation("b")], family="llama3_1")
     assert [r["id"] for r in out] == ["b"]
     assert "only supports single tool-calls" in stats.bad_examples[0]["reason"]
+
+
+def test_a_previous_output_is_replaced_but_a_foreign_directory_is_not(tmp_path):
+    run(tmp_path, [conversation("a")])
+    _, out, _ = run(tmp_path, [conversation("b")])
+    assert [r["id"] for r in out] == ["b"]
+    (tmp_path / "out" / "dataset" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not overwriting"):
+        run(tmp_path, [conversation("c")])
