@@ -102,8 +102,9 @@ chaos: install-dev
 
 # Capacity benchmarks, side by side with the baseline script (Redis db 12; ~5 min on 2 cores):
 # JSON in bench/results/, a Markdown summary on stdout, figures quoted in docs/benchmarks.md.
-bench: install redis
+bench: install-dev redis
 	$(PY) bench/bench_capacity.py
+	$(PY) bench/bench_tokenize.py --rows 20000 --json bench/results/tokenize.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache out .eaglegen
