@@ -264,9 +264,7 @@ def adaptive(redis_url: str, work: Path, p: argparse.Namespace) -> dict[str, Any
         "busy_slots": busy_fraction(rows),
         "mean_waiting": round(statistics.fmean(row.waiting for row in rows), 2),
         "settled": _settling(rows, phases),
-        "trace_t_cap_running_waiting": [
-            (round(r.at, 1), r.cap, r.running, r.waiting) for r in rows[::5]
-        ],
+        "cap_trace": [(round(row.at, 1), row.cap) for row in rows[::5]],
     }
 
 
@@ -561,7 +559,6 @@ def parse_args() -> argparse.Namespace:
         default=os.environ.get("EAGLEGEN_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12"),
     )
     parser.add_argument("--only", nargs="*", choices=sorted(SCENARIOS), default=list(SCENARIOS))
-    parser.add_argument("--keep", action="store_true", help="keep the scenarios' logs")
     parser.add_argument("--samples", type=int, default=1000)
     # One worker process per core, as `make up` runs them: the GIL caps what one process streams.
     parser.add_argument("--workers", type=int, default=2)
@@ -600,8 +597,7 @@ def main() -> None:
     path.write_text(json.dumps(results, indent=2))
     print(summary(results))
     print(f"\nfull results: {path.relative_to(ROOT)}")
-    if not p.keep:
-        shutil.rmtree(work)  # logs and JSONL of the scenarios; kept when a scenario fails
+    shutil.rmtree(work)  # logs and JSONL of the scenarios; kept when a scenario fails
 
 
 if __name__ == "__main__":

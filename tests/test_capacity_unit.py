@@ -60,20 +60,13 @@ def test_the_cap_holds_when_the_kv_cache_is_full():
     assert state.cap == 16
 
 
-def test_at_a_known_capacity_the_cap_grows_fast_again_once_the_queue_stays_empty():
-    state = CapState(36, ceiling=32)  # 32 run, 4 may wait; now nothing waits
+def test_above_a_known_capacity_the_cap_probes_one_slot_after_quiet_reads():
+    state = CapState(36, ceiling=32)  # 32 run, 4 may wait
     caps = []
-    for _ in range(3):
-        state = next_cap(state, _full(36), inflight=36, limits=LIMITS)
+    for _ in range(4):
+        state = next_cap(state, _full(32), inflight=36, limits=LIMITS)
         caps.append(state.cap)
-    assert caps == [36, 36, 54] and state.ceiling is None
-
-
-def test_a_small_queue_now_and_then_keeps_the_cap_where_it_is():
-    state = CapState(36, ceiling=32)
-    for waiting in (0, 0, 2, 0, 0, 1, 0, 0):
-        state = next_cap(state, _full(32, waiting=waiting), inflight=36, limits=LIMITS)
-    assert state.cap == 36
+    assert caps == [36, 36, 37, 37]
 
 
 def test_below_a_known_capacity_the_cap_recovers_at_once_up_to_it():
@@ -81,6 +74,12 @@ def test_below_a_known_capacity_the_cap_recovers_at_once_up_to_it():
     assert state.cap == 30
     state = next_cap(state, _full(30), inflight=30, limits=LIMITS)
     assert state.cap == 36
+
+
+def test_probes_that_keep_succeeding_bring_back_fast_growth():
+    state = CapState(38, ceiling=32, quiet=5)
+    state = next_cap(state, _full(38), inflight=38, limits=LIMITS)
+    assert state.ceiling is None and state.cap == 57
 
 
 def test_the_cap_stays_within_its_limits():

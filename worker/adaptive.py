@@ -4,11 +4,11 @@ The goal is a server that runs full with its waiting queue near zero. vLLM's
 ``num_requests_waiting`` says when we send more than it runs at once, and ``num_requests_running``
 at that moment is what it can run; the cap goes there, plus a small queue (``headroom``, 10% of
 what runs): a request finishing frees its slot before the client that sent it has noticed and
-sent the next one, and a few requests waiting keep the batch full through that hand-off (in
-``make bench`` a cap of exactly the server's capacity left about 6% of its slots idle). While the
-server runs everything we send and our slots are all taken, the cap grows by half per read:
-until the server first queues, and after that only once even the small queue has stayed empty
-for a few reads (the server's capacity went up). KV-cache usage near full holds the cap.
+sent the next one, and a few requests waiting keep the batch full through that hand-off (on
+this machine a cap of exactly the server's capacity left 4% of its slots idle). While the
+server runs everything we send and our slots are all taken, the cap grows: fast until the
+server first queues, then one slot at a time every few reads, and fast again when such probes
+keep succeeding (the server's capacity went up). KV-cache usage near full holds the cap.
 
 The cap lives in Redis, so every worker obeys it; one process per endpoint drives it at a
 time (a small lock), and the stored cap expires if no driver is left.
@@ -52,7 +52,7 @@ class CapState:
 
     cap: int
     ceiling: int | None = None  # what the server ran when it last queued; None: not known
-    quiet: int = 0  # reads in a row without a queue and without a change
+    quiet: int = 0  # reads since the cap last changed
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Limits:
     low: int = 1
     high: int = 1024
     growth: float = 1.5  # per read while the capacity is unknown
-    probe_every: int = 3  # reads with an empty queue before growing past a known capacity
+    probe_every: int = 3  # reads between one-slot probes above a known capacity
     kv_full: float = 0.98
     headroom: float = 0.1  # requests allowed to wait, as a share of those running
 
@@ -78,7 +78,7 @@ def next_cap(state: CapState, load: ServerLoad, inflight: int, limits: Limits) -
         cap = _clamp(min(state.cap, load.running + limits.queue(load.running)), limits)
         return CapState(cap, ceiling, quiet=0)
     if load.waiting > 0:  # full, with the small queue we want
-        return CapState(state.cap, ceiling, quiet=0)
+        return CapState(state.cap, ceiling, quiet=state.quiet + 1)
     quiet = replace(state, quiet=state.quiet + 1)
     # Growing only helps while we use every slot; a nearly full KV cache would preempt.
     if inflight < state.cap or (load.kv_usage or 0.0) >= limits.kv_full:
@@ -88,9 +88,9 @@ def next_cap(state: CapState, load: ServerLoad, inflight: int, limits: Limits) -
         return _grow(state, known, limits)
     if quiet.quiet < limits.probe_every:
         return quiet
-    # Even the small queue stayed empty for several reads with all our slots taken: the
-    # server runs more than it did. Forget what it ran and grow fast again.
-    return _grow(replace(state, ceiling=None), None, limits)
+    if state.cap >= known + 2:  # two probes in a row ran without a queue
+        return _grow(replace(state, ceiling=None), None, limits)
+    return CapState(_clamp(state.cap + 1, limits), state.ceiling, quiet=0)
 
 
 def _grow(state: CapState, known: int | None, limits: Limits) -> CapState:
@@ -144,7 +144,7 @@ class AdaptiveDriver:
         self.token = uuid.uuid4().hex
         self.states: dict[str, CapState] = {}
         self._lock = client.register_script(_LOCK)
-        self._http = httpx.Client(timeout=5.0)  # a busy server can be slow to answer /metrics
+        self._http = httpx.Client(timeout=min(5.0, settings.adaptive_interval * 2))
         # Long enough to survive a few missed reads, short enough that a stale cap goes away.
         self.cap_ttl = max(30.0, settings.adaptive_interval * 10)
 

@@ -78,6 +78,11 @@ class EndpointPool:
         self._record(slot.endpoint, None)
         self._release(slot)
 
+    def held(self) -> int:
+        """Slots this process holds now."""
+        with self._lock:
+            return len(self._held)
+
     def close(self) -> None:
         """Stop the threads, give back held slots, close every client."""
         self._stop.set()

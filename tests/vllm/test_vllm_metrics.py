@@ -119,9 +119,7 @@ def test_adaptive_caps_follow_the_real_metrics_down_to_what_the_server_runs(
     with GaugeSampler(small_server) as sampler:
         stack.wait_complete(timeout=300)
     waiting = max(w for _, w in sampler.reads)
-    # Without a cap the 16 streams queue 14 (the test above). The driver probes upward when
-    # the queue stays empty (capacity may have grown), so a few wait now and then: fewer
-    # than uncapped is the guarantee (7 seen at most on a loaded machine).
-    assert waiting < 16 - MAX_NUM_SEQS, sampler.reads
+    # Without a cap the 16 streams queue 14 (the test above); the driver's probes add a few.
+    assert waiting <= 2 * MAX_NUM_SEQS + 2, sampler.reads
     assert len(stack.lines()) == 160
     report(f"adaptive: cap 64 -> {caps[-1]}; waiting at most {waiting:g} afterwards")
