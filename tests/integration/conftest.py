@@ -47,9 +47,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def redis_url() -> str:
-    url = os.environ.get("EAGLEGEN_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+def reachable_redis(variable: str, default: str) -> str:
+    """The Redis URL in ``variable`` (or ``default``): skipped locally when down, failed in CI."""
+    url = os.environ.get(variable, default)
     try:
         connect(url).ping()
     except redis.RedisError as exc:
@@ -57,6 +57,11 @@ def redis_url() -> str:
             pytest.fail(f"Redis at {url} is needed in CI: {exc}")
         pytest.skip(f"no Redis at {url}: {exc}")
     return url
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return reachable_redis("EAGLEGEN_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
 @pytest.fixture

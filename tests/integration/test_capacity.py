@@ -8,7 +8,6 @@ own key prefix and queue and deletes them afterwards.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 import uuid
@@ -32,14 +31,9 @@ FAST = ("--time-per-token", "0.01", "--max-answer-tokens", "40", "--reasoning-to
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    url = os.environ.get("EAGLEGEN_CAPACITY_REDIS_URL", "redis://127.0.0.1:6379/12")
-    try:
-        connect(url).ping()
-    except redis.RedisError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"Redis at {url} is needed in CI: {exc}")
-        pytest.skip(f"no Redis at {url}: {exc}")
-    return url
+    from tests.integration.conftest import reachable_redis
+
+    return reachable_redis("EAGLEGEN_CAPACITY_REDIS_URL", "redis://127.0.0.1:6379/12")
 
 
 @pytest.fixture

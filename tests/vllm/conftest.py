@@ -23,7 +23,6 @@ import httpx
 import pytest
 import redis
 
-from common.store import connect
 from tests.integration.conftest import (  # noqa: F401  (fixtures, re-exported for this tier)
     ROOT,
     Procs,
@@ -169,14 +168,9 @@ def vllm_server(vllm_installed: None, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    url = os.environ.get("EAGLEGEN_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
-    try:
-        connect(url).ping()
-    except redis.RedisError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"Redis at {url} is needed in CI: {exc}")
-        pytest.skip(f"no Redis at {url}: {exc}")
-    return url
+    from tests.integration.conftest import reachable_redis
+
+    return reachable_redis("EAGLEGEN_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
 
 
 @pytest.fixture
