@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,7 +37,7 @@ class Collector:
         self.sink = sink
         self.batch = batch
         self.stats = CollectStats()
-        self._token = uuid.uuid4().hex
+        self._lock_handle = store.collector_lock(LOCK_TTL)
 
     def run(
         self,
@@ -73,19 +71,18 @@ class Collector:
         return True
 
     def _unlock(self) -> None:
-        with contextlib.suppress(redis.RedisError):  # else the lock expires by itself
-            self.store.unlock_collector(self._token)
+        self._lock_handle.release()  # if Redis is away, the lock expires by itself
 
     def _lock(self) -> None:
         # A killed collector's lock outlives it by up to LOCK_TTL: wait that long, no more.
         deadline = time.monotonic() + LOCK_TTL + 1
-        while not self.store.lock_collector(self._token, LOCK_TTL):
+        while not self._lock_handle.hold():
             if time.monotonic() > deadline:
                 raise ConfigError(f"another collector is already writing run {self.store.run!r}")
             time.sleep(0.5)
 
     def _take(self, once: bool) -> list[str]:
-        self.store.lock_collector(self._token, LOCK_TTL)
+        self._lock_handle.hold()
         return self.store.take_ready(self.batch, 0 if once else 1.0)
 
     def _flush(self, ids: list[str]) -> None:

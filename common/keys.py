@@ -19,14 +19,66 @@ def reconciler_lock_key(prefix: str) -> str:
     return f"{prefix}:reconciler_lock"
 
 
-def endpoint_key(prefix: str, name: str, endpoint: str = "") -> str:
-    """A global (not per-run) key about endpoints: slots, cap, adaptive lock, drained set.
+@dataclass(frozen=True)
+class EndpointKeys:
+    """Global (not per-run) keys about endpoints: slots, caps, locks, drained set, rates.
 
     All share the hash tag ``{endpoints}`` so one Lua script can pick an endpoint and take a
     slot in it atomically, on Redis Cluster too.
     """
-    base = f"{prefix}:{{endpoints}}:{name}"
-    return f"{base}:{endpoint}" if endpoint else base
+
+    prefix: str
+
+    def _key(self, name: str, endpoint: str = "") -> str:
+        base = f"{self.prefix}:{{endpoints}}:{name}"
+        return f"{base}:{endpoint}" if endpoint else base
+
+    def slots(self, endpoint: str) -> str:
+        """Sorted set of the endpoint's slot holders -> lease expiry (ms, Redis clock)."""
+        return self._key("slots", endpoint)
+
+    def cap(self, endpoint: str) -> str:
+        """The endpoint's cap when an adaptive driver sets it (expires if the driver stops)."""
+        return self._key("cap", endpoint)
+
+    def adaptive_lock(self, endpoint: str) -> str:
+        """Held by the one process that adjusts the endpoint's cap."""
+        return self._key("adaptive_lock", endpoint)
+
+    @property
+    def freed(self) -> str:
+        """Pub/sub channel: a slot was given back, a cap grew or an endpoint came back."""
+        return self._key("freed")
+
+    @property
+    def drained(self) -> str:
+        """Set of endpoints that take no new requests."""
+        return self._key("drained")
+
+    @property
+    def rpm(self) -> str:
+        """GCRA state of the cluster-wide requests/min limit."""
+        return self._key("rpm")
+
+    @property
+    def tpm(self) -> str:
+        """GCRA state of the cluster-wide tokens/min limit."""
+        return self._key("tpm")
+
+
+# kombu's Redis transport (kombu.transport.redis): one list per priority step, served 0
+# first, named ``queue`` then ``queue + sep + step``; delivered messages wait for their ack in
+# the ``unacked`` hash, their delivery times in ``unacked_index``. Not ours, but read by the
+# reconciler, so named here with the rest.
+PRIORITY_STEPS = (0, 3, 6, 9)
+PRIORITY_SEP = "\x06\x16"
+UNACKED = "unacked"
+UNACKED_INDEX = "unacked_index"
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The broker lists holding ``queue``'s waiting messages, one per priority step."""
+    return [queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
 
 
 @dataclass(frozen=True)

@@ -8,146 +8,19 @@ key is one script, so a crash between two steps cannot leave a sample half-moved
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
 from typing import Literal
 
 import redis
 
+from common import lua
 from common.errors import RunMismatch
 from common.keys import RunKeys, runs_key
+from common.locks import HeldLock
 from common.models import Failure, GenParams, Sample, TurnResult
 from common.redis_url import is_sentinel, sentinel_master_client
-
-# KEYS: accepted, pending, prompts   ARGV: id, sample json
-_ACCEPT = """
-if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('SADD', KEYS[2], ARGV[1])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-return 1
-"""
-
-# KEYS: pending, leases, lease_owner, attempts   ARGV: id, owner, ttl_ms
-_ACQUIRE = """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 'done' end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expiry = redis.call('ZSCORE', KEYS[2], ARGV[1])
-local owner = redis.call('HGET', KEYS[3], ARGV[1])
-if expiry and tonumber(expiry) > now and owner ~= ARGV[2] then return 'leased' end
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
-return 'ok'
-"""
-
-# KEYS: leases, lease_owner   ARGV: ttl_ms, id1, owner1, id2, owner2...
-# returns the ids whose lease is no longer held by the given owner
-_RENEW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lost = {}
-for i = 2, #ARGV, 2 do
-  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
-  else
-    table.insert(lost, ARGV[i])
-  end
-end
-return lost
-"""
-
-# KEYS: leases, lease_owner   ARGV: id, owner
-_RELEASE = """
-if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[2] then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[2], ARGV[1])
-  return 1
-end
-return 0
-"""
-
-# KEYS: pending, results, ready, leases, lease_owner, prompts, partial, attempts, counters
-# ARGV: id, record json, completion tokens
-_STORE_RESULT = """
-if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('RPUSH', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('HDEL', KEYS[5], ARGV[1])
-redis.call('HDEL', KEYS[6], ARGV[1])
-redis.call('HDEL', KEYS[7], ARGV[1])
-redis.call('HDEL', KEYS[8], ARGV[1])
-redis.call('HINCRBY', KEYS[9], 'completion_tokens', tonumber(ARGV[3]))
-return 1
-"""
-
-# KEYS: pending, failed, leases, lease_owner, counters   ARGV: id, failure json, kind
-_STORE_FAILURE = """
-if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
-redis.call('HINCRBY', KEYS[5], 'failed:' .. ARGV[3], 1)
-return 1
-"""
-
-# KEYS: failed, pending, attempts   ARGV: max ids   returns the ids moved back to pending
-_REQUEUE_FAILED = """
-local ids = redis.call('HKEYS', KEYS[1])
-local moved = {}
-for i = 1, math.min(#ids, tonumber(ARGV[1])) do
-  redis.call('HDEL', KEYS[1], ids[i])
-  redis.call('HDEL', KEYS[3], ids[i])
-  redis.call('SADD', KEYS[2], ids[i])
-  table.insert(moved, ids[i])
-end
-return moved
-"""
-
-# KEYS: collecting, results, counters   returns how many results left Redis
-_COMMIT_COLLECTED = """
-local ids = redis.call('LRANGE', KEYS[1], 0, -1)
-local n = 0
-for i = 1, #ids do
-  n = n + redis.call('HDEL', KEYS[2], ids[i])
-end
-redis.call('HINCRBY', KEYS[3], 'written', n)
-redis.call('DEL', KEYS[1])
-return n
-"""
-
-# KEYS: leases, lease_owner   returns the ids whose lease expired (their holder is gone)
-_REAP_EXPIRED = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
-for i = 1, #ids do
-  redis.call('ZREM', KEYS[1], ids[i])
-  redis.call('HDEL', KEYS[2], ids[i])
-end
-return ids
-"""
-
-# KEYS: pending, results, ready   ARGV: id   re-publish a result the collector can't see
-_REQUEUE_RESULT = """
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 0 end
-redis.call('RPUSH', KEYS[3], ARGV[1])
-return 1
-"""
-
-# KEYS: lock   ARGV: token, ttl_ms
-_LOCK = """
-local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-
-_UNLOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 LeaseOutcome = Literal["ok", "done", "leased"]
 
@@ -201,18 +74,16 @@ class RunStore:
         self.prefix = prefix
         self.keys = RunKeys(prefix, run)
         reg = client.register_script
-        self._accept = reg(_ACCEPT)
-        self._acquire = reg(_ACQUIRE)
-        self._renew = reg(_RENEW)
-        self._release = reg(_RELEASE)
-        self._store_result = reg(_STORE_RESULT)
-        self._store_failure = reg(_STORE_FAILURE)
-        self._requeue_failed = reg(_REQUEUE_FAILED)
-        self._commit_collected = reg(_COMMIT_COLLECTED)
-        self._reap_expired = reg(_REAP_EXPIRED)
-        self._requeue_result = reg(_REQUEUE_RESULT)
-        self._lock = reg(_LOCK)
-        self._unlock = reg(_UNLOCK)
+        self._accept = reg(lua.ACCEPT)
+        self._acquire = reg(lua.LEASE_ACQUIRE)
+        self._renew = reg(lua.LEASE_RENEW)
+        self._release = reg(lua.LEASE_RELEASE)
+        self._store_result = reg(lua.STORE_RESULT)
+        self._store_failure = reg(lua.STORE_FAILURE)
+        self._requeue_failed = reg(lua.REQUEUE_FAILED)
+        self._commit_collected = reg(lua.COMMIT_COLLECTED)
+        self._reap_expired = reg(lua.REAP_EXPIRED)
+        self._requeue_result = reg(lua.REQUEUE_RESULT)
 
     # -- run metadata -------------------------------------------------------------------
     def ensure_params(self, params: GenParams) -> None:
@@ -401,13 +272,9 @@ class RunStore:
         k = self.keys
         return int(self._commit_collected(keys=[k.collecting, k.results, k.counters]))
 
-    def lock_collector(self, token: str, ttl_s: float) -> bool:
-        """Take or renew the run's collector lock."""
-        return bool(self._lock(keys=[self.keys.collector_lock], args=[token, int(ttl_s * 1000)]))
-
-    def unlock_collector(self, token: str) -> None:
-        """Release the collector lock if we hold it."""
-        self._unlock(keys=[self.keys.collector_lock], args=[token])
+    def collector_lock(self, ttl_s: float) -> HeldLock:
+        """The lock held by the one collector allowed to write this run."""
+        return HeldLock(self.r, self.keys.collector_lock, ttl_s)
 
     # -- status -------------------------------------------------------------------------
     def counts(self) -> RunCounts:
@@ -458,3 +325,19 @@ def connect(url: str, sentinel_master: str | None = None) -> redis.Redis:
     return redis.Redis.from_url(
         url, decode_responses=True, socket_connect_timeout=5, health_check_interval=30
     )
+
+
+class RunStores:
+    """One ``RunStore`` per run over one client, built on first use."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.r = client
+        self.prefix = prefix
+        self._stores: dict[str, RunStore] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, run: str) -> RunStore:
+        with self._lock:
+            if run not in self._stores:
+                self._stores[run] = RunStore(self.r, self.prefix, run)
+            return self._stores[run]

@@ -19,14 +19,14 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import uuid
 from dataclasses import dataclass, replace
 
 import httpx
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.keys import endpoint_key
+from common.keys import EndpointKeys
+from common.locks import HeldLock
 from common.settings import Settings
 from worker.capacity import SlotTable
 
@@ -122,15 +122,6 @@ def metrics_url(endpoint: str) -> str:
     return endpoint.removesuffix("/v1") + "/metrics"
 
 
-# KEYS: lock   ARGV: token, ttl_ms   take the lock if free, extend it if ours
-_LOCK = """
-local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-
-
 class AdaptiveDriver:
     """A thread that moves the caps of the endpoints whose lock this process holds."""
 
@@ -141,9 +132,8 @@ class AdaptiveDriver:
         self.limits = Limits(
             high=settings.adaptive_max_inflight, headroom=settings.adaptive_headroom
         )
-        self.token = uuid.uuid4().hex
         self.states: dict[str, CapState] = {}
-        self._lock = client.register_script(_LOCK)
+        self._locks: dict[str, HeldLock] = {}
         self._http = httpx.Client(timeout=min(5.0, settings.adaptive_interval * 2))
         # Long enough to survive a few missed reads, short enough that a stale cap goes away.
         self.cap_ttl = max(30.0, settings.adaptive_interval * 10)
@@ -169,9 +159,10 @@ class AdaptiveDriver:
                 self._adjust(url, view.cap, view.inflight, load)
 
     def _drive(self, url: str) -> bool:
-        ttl_ms = int(self.settings.adaptive_interval * 3000)
-        key = endpoint_key(self.settings.key_prefix, "adaptive_lock", url)
-        return bool(self._lock(keys=[key], args=[self.token, ttl_ms]))
+        if url not in self._locks:
+            key = EndpointKeys(self.settings.key_prefix).adaptive_lock(url)
+            self._locks[url] = HeldLock(self.r, key, self.settings.adaptive_interval * 3)
+        return self._locks[url].hold()
 
     def _read(self, url: str) -> ServerLoad | None:
         try:

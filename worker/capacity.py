@@ -21,77 +21,10 @@ from dataclasses import dataclass
 
 import redis
 
-from common import errors
-from common.keys import endpoint_key
+from common import errors, lua
+from common.keys import EndpointKeys
 
 log = logging.getLogger("eaglegen.capacity")
-
-NOW_MS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
-
-# KEYS: drained set, then per endpoint its slots zset and its cap string
-# ARGV: token, ttl_ms, rotation, channel, then per endpoint: url, configured cap, eligible 0/1
-# Returns the 1-based index of the endpoint that gave a slot, or 0 when none is free.
-_ACQUIRE = (
-    NOW_MS
-    + """
-local n = (#KEYS - 1) / 2
-local best, best_free = 0, 0
-for j = 0, n - 1 do
-  local i = (j + tonumber(ARGV[3])) % n + 1
-  local slots = KEYS[2 * i]
-  redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
-  local url = ARGV[3 * i + 2]
-  if ARGV[3 * i + 4] == '1' and redis.call('SISMEMBER', KEYS[1], url) == 0 then
-    local cap = tonumber(redis.call('GET', KEYS[2 * i + 1]) or ARGV[3 * i + 3])
-    local free = cap - redis.call('ZCARD', slots)
-    if free > best_free then best, best_free = i, free end
-  end
-end
-if best == 0 then return 0 end
-redis.call('ZADD', KEYS[2 * best], now + tonumber(ARGV[2]), ARGV[1])
-return best
-"""
-)
-
-# KEYS: slots   ARGV: token, channel   (the message wakes waiters in every process)
-_RELEASE = """
-local n = redis.call('ZREM', KEYS[1], ARGV[1])
-if n == 1 then redis.call('PUBLISH', ARGV[2], '1') end
-return n
-"""
-
-# KEYS: slots   ARGV: ttl_ms, token...   returns how many had expired and were put back
-# Put back rather than dropped: the request is still running, so counting it is the truth.
-_RENEW = (
-    NOW_MS
-    + """
-local lost = 0
-for i = 2, #ARGV do
-  lost = lost + redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
-end
-return lost
-"""
-)
-
-# KEYS: per endpoint its slots zset and cap string   ARGV: configured cap per endpoint
-# Returns per endpoint: in flight, effective cap, 1 if the cap comes from Redis else 0.
-_SNAPSHOT = (
-    NOW_MS
-    + """
-local out = {}
-for i = 1, #KEYS / 2 do
-  redis.call('ZREMRANGEBYSCORE', KEYS[2 * i - 1], '-inf', now)
-  local stored = redis.call('GET', KEYS[2 * i])
-  table.insert(out, redis.call('ZCARD', KEYS[2 * i - 1]))
-  table.insert(out, tonumber(stored or ARGV[i]))
-  table.insert(out, stored and 1 or 0)
-end
-return out
-"""
-)
 
 
 class CapacityUnavailable(errors.TransientError):
@@ -129,20 +62,21 @@ class SlotTable:
         self.prefix = prefix
         self.caps = dict(caps)  # configured cap per endpoint, in routing order
         self.ttl_ms = int(ttl_s * 1000)
-        self.channel = endpoint_key(prefix, "freed")
-        self.drained_key = endpoint_key(prefix, "drained")
-        self._acquire = client.register_script(_ACQUIRE)
-        self._release = client.register_script(_RELEASE)
-        self._renew = client.register_script(_RENEW)
-        self._snapshot = client.register_script(_SNAPSHOT)
+        self.keys = EndpointKeys(prefix)
+        self.channel = self.keys.freed
+        self.drained_key = self.keys.drained
+        self._acquire = client.register_script(lua.SLOT_ACQUIRE)
+        self._release = client.register_script(lua.SLOT_RELEASE)
+        self._renew = client.register_script(lua.SLOT_RENEW)
+        self._snapshot = client.register_script(lua.SLOT_SNAPSHOT)
 
     def slots_key(self, endpoint: str) -> str:
         """Sorted set of the endpoint's slot holders -> lease expiry."""
-        return endpoint_key(self.prefix, "slots", endpoint)
+        return self.keys.slots(endpoint)
 
     def cap_key(self, endpoint: str) -> str:
         """The endpoint's cap when an adaptive driver sets it (expires if the driver stops)."""
-        return endpoint_key(self.prefix, "cap", endpoint)
+        return self.keys.cap(endpoint)
 
     def try_acquire(self, token: str, eligible: Collection[str]) -> str | None:
         """A slot on the eligible endpoint with the most free capacity, or None if all full."""

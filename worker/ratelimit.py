@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 import redis
 
-from common.keys import endpoint_key
+from common import lua
+from common.keys import EndpointKeys
 
 MINUTE_MS = 60_000.0
 
@@ -28,30 +29,14 @@ def gcra(tat: float, now: float, cost: float, interval: float, burst: float) -> 
     return base + cost * interval, 0.0
 
 
-# KEYS: tat   ARGV: cost, interval_ms, burst_ms, charge_only (1: pay without being checked)
-# The same formula as ``gcra``; returns the wait in ms (0: admitted and paid).
-_GCRA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local tat = tonumber(redis.call('GET', KEYS[1]) or now)
-local cost, interval, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local base = math.max(tat, now)
-local wait = base + cost * interval - burst - now
-if wait > 0 and ARGV[4] ~= '1' then return tostring(wait) end
-local new = base + cost * interval
-redis.call('SET', KEYS[1], tostring(new), 'PX', math.ceil(new - now + burst) + 1000)
-return '0'
-"""
-
-
 class RateLimiter:
     """Requests/min and tokens/min shared by every worker; either may be None (no limit)."""
 
     def __init__(self, client: redis.Redis, prefix: str, rpm: int | None, tpm: int | None) -> None:
         self.rpm, self.tpm = rpm, tpm
-        self._script = client.register_script(_GCRA)
-        self._rpm_key = endpoint_key(prefix, "rpm")
-        self._tpm_key = endpoint_key(prefix, "tpm")
+        self._script = client.register_script(lua.GCRA)
+        self._rpm_key = EndpointKeys(prefix).rpm
+        self._tpm_key = EndpointKeys(prefix).tpm
 
     def wait_turn(self, check: Callable[[], None] | None, stop: threading.Event) -> None:
         """Block until a request may be sent under both limits (``check`` may abort)."""

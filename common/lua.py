@@ -1,0 +1,216 @@
+"""Every Lua script EagleGen runs in Redis, in one place.
+
+A transition that touches more than one key is one script, so a crash between two steps cannot
+leave a sample half-moved. Times come from the Redis clock (``NOW_MS``), never from the
+caller's: workers on many hosts with drifting clocks agree on when a lease expires.
+Callers register a script with ``client.register_script(lua.NAME)`` and keep the handle.
+"""
+
+# Sets ``now`` to the Redis server's time in milliseconds.
+NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# -- a run's samples (common/store.py) -------------------------------------------------------
+
+# KEYS: accepted, pending, prompts   ARGV: id, sample json
+ACCEPT = """
+if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('SADD', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+return 1
+"""
+
+# KEYS: pending, leases, lease_owner, attempts   ARGV: id, owner, ttl_ms
+LEASE_ACQUIRE = (
+    NOW_MS
+    + """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 'done' end
+local expiry = redis.call('ZSCORE', KEYS[2], ARGV[1])
+local owner = redis.call('HGET', KEYS[3], ARGV[1])
+if expiry and tonumber(expiry) > now and owner ~= ARGV[2] then return 'leased' end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
+return 'ok'
+"""
+)
+
+# KEYS: leases, lease_owner   ARGV: ttl_ms, id1, owner1, id2, owner2...
+# returns the ids whose lease is no longer held by the given owner
+LEASE_RENEW = (
+    NOW_MS
+    + """
+local lost = {}
+for i = 2, #ARGV, 2 do
+  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
+  else
+    table.insert(lost, ARGV[i])
+  end
+end
+return lost
+"""
+)
+
+# KEYS: leases, lease_owner   ARGV: id, owner
+LEASE_RELEASE = """
+if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[2] then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+# KEYS: pending, results, ready, leases, lease_owner, prompts, partial, attempts, counters
+# ARGV: id, record json, completion tokens
+STORE_RESULT = """
+if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('RPUSH', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
+redis.call('HDEL', KEYS[6], ARGV[1])
+redis.call('HDEL', KEYS[7], ARGV[1])
+redis.call('HDEL', KEYS[8], ARGV[1])
+redis.call('HINCRBY', KEYS[9], 'completion_tokens', tonumber(ARGV[3]))
+return 1
+"""
+
+# KEYS: pending, failed, leases, lease_owner, counters   ARGV: id, failure json, kind
+STORE_FAILURE = """
+if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('HINCRBY', KEYS[5], 'failed:' .. ARGV[3], 1)
+return 1
+"""
+
+# KEYS: failed, pending, attempts   ARGV: max ids   returns the ids moved back to pending
+REQUEUE_FAILED = """
+local ids = redis.call('HKEYS', KEYS[1])
+local moved = {}
+for i = 1, math.min(#ids, tonumber(ARGV[1])) do
+  redis.call('HDEL', KEYS[1], ids[i])
+  redis.call('HDEL', KEYS[3], ids[i])
+  redis.call('SADD', KEYS[2], ids[i])
+  table.insert(moved, ids[i])
+end
+return moved
+"""
+
+# KEYS: collecting, results, counters   returns how many results left Redis
+COMMIT_COLLECTED = """
+local ids = redis.call('LRANGE', KEYS[1], 0, -1)
+local n = 0
+for i = 1, #ids do
+  n = n + redis.call('HDEL', KEYS[2], ids[i])
+end
+redis.call('HINCRBY', KEYS[3], 'written', n)
+redis.call('DEL', KEYS[1])
+return n
+"""
+
+# KEYS: leases, lease_owner   returns the ids whose lease expired (their holder is gone)
+REAP_EXPIRED = (
+    NOW_MS
+    + """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+for i = 1, #ids do
+  redis.call('ZREM', KEYS[1], ids[i])
+  redis.call('HDEL', KEYS[2], ids[i])
+end
+return ids
+"""
+)
+
+# KEYS: pending, results, ready   ARGV: id   re-publish a result the collector can't see
+REQUEUE_RESULT = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 0 end
+redis.call('RPUSH', KEYS[3], ARGV[1])
+return 1
+"""
+
+# -- endpoint slots (worker/capacity.py) -----------------------------------------------------
+
+# KEYS: drained set, then per endpoint its slots zset and its cap string
+# ARGV: token, ttl_ms, rotation, channel, then per endpoint: url, configured cap, eligible 0/1
+# Returns the 1-based index of the endpoint that gave a slot, or 0 when none is free.
+SLOT_ACQUIRE = (
+    NOW_MS
+    + """
+local n = (#KEYS - 1) / 2
+local best, best_free = 0, 0
+for j = 0, n - 1 do
+  local i = (j + tonumber(ARGV[3])) % n + 1
+  local slots = KEYS[2 * i]
+  redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
+  local url = ARGV[3 * i + 2]
+  if ARGV[3 * i + 4] == '1' and redis.call('SISMEMBER', KEYS[1], url) == 0 then
+    local cap = tonumber(redis.call('GET', KEYS[2 * i + 1]) or ARGV[3 * i + 3])
+    local free = cap - redis.call('ZCARD', slots)
+    if free > best_free then best, best_free = i, free end
+  end
+end
+if best == 0 then return 0 end
+redis.call('ZADD', KEYS[2 * best], now + tonumber(ARGV[2]), ARGV[1])
+return best
+"""
+)
+
+# KEYS: slots   ARGV: token, channel   (the message wakes waiters in every process)
+SLOT_RELEASE = """
+local n = redis.call('ZREM', KEYS[1], ARGV[1])
+if n == 1 then redis.call('PUBLISH', ARGV[2], '1') end
+return n
+"""
+
+# KEYS: slots   ARGV: ttl_ms, token...   returns how many had expired and were put back
+# Put back rather than dropped: the request is still running, so counting it is the truth.
+SLOT_RENEW = (
+    NOW_MS
+    + """
+local lost = 0
+for i = 2, #ARGV do
+  lost = lost + redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
+end
+return lost
+"""
+)
+
+# KEYS: per endpoint its slots zset and cap string   ARGV: configured cap per endpoint
+# Returns per endpoint: in flight, effective cap, 1 if the cap comes from Redis else 0.
+SLOT_SNAPSHOT = (
+    NOW_MS
+    + """
+local out = {}
+for i = 1, #KEYS / 2 do
+  redis.call('ZREMRANGEBYSCORE', KEYS[2 * i - 1], '-inf', now)
+  local stored = redis.call('GET', KEYS[2 * i])
+  table.insert(out, redis.call('ZCARD', KEYS[2 * i - 1]))
+  table.insert(out, tonumber(stored or ARGV[i]))
+  table.insert(out, stored and 1 or 0)
+end
+return out
+"""
+)
+
+# -- rate limits (worker/ratelimit.py) -------------------------------------------------------
+
+# KEYS: tat   ARGV: cost, interval_ms, burst_ms, charge_only (1: pay without being checked)
+# The same formula as ``gcra``; returns the wait in ms (0: admitted and paid).
+GCRA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+local cost, interval, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local base = math.max(tat, now)
+local wait = base + cost * interval - burst - now
+if wait > 0 and ARGV[4] ~= '1' then return tostring(wait) end
+local new = base + cost * interval
+redis.call('SET', KEYS[1], tostring(new), 'PX', math.ceil(new - now + burst) + 1000)
+return '0'
+"""
