@@ -7,7 +7,6 @@ to tell a lost sample from one that is merely queued.
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,13 +15,8 @@ from typing import Any
 
 import redis
 
-from worker.tasks import GENERATE_TASK
-
-# kombu.transport.redis: PRIORITY_STEPS and Channel.sep / unacked_key / unacked_index_key.
-PRIORITY_STEPS = (0, 3, 6, 9)
-PRIORITY_SEP = "\x06\x16"
-UNACKED = "unacked"
-UNACKED_INDEX = "unacked_index"
+from common.keys import UNACKED, UNACKED_INDEX, queue_lists
+from worker.contract import decode_args
 
 
 @dataclass(frozen=True)
@@ -37,8 +31,7 @@ class MessageRef:
 
 def queued_refs(client: redis.Redis, queue: str) -> Iterator[MessageRef]:
     """Every generate-task message waiting in ``queue`` (all priority sub-queues)."""
-    for step in PRIORITY_STEPS:
-        name = queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}"
+    for name in queue_lists(queue):
         for raw in client.lrange(name, 0, -1):
             ref = _ref(json.loads(raw), queued=True, since=0.0)
             if ref is not None:
@@ -58,14 +51,8 @@ def unacked_refs(client: redis.Redis) -> Iterator[MessageRef]:
 
 
 def _ref(message: dict[str, Any], queued: bool, since: float) -> MessageRef | None:
-    headers = message.get("headers") or {}
-    if headers.get("task") != GENERATE_TASK:
-        return None
-    try:
-        args = json.loads(base64.b64decode(message["body"]))[0]
-        return MessageRef(str(args[0]), str(args[1]), queued, since)
-    except (KeyError, IndexError, ValueError, TypeError):
-        return None
+    args = decode_args(message)
+    return None if args is None else MessageRef(args[0], args[1], queued, since)
 
 
 def _eta(message: dict[str, Any]) -> float | None:

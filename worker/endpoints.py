@@ -42,23 +42,40 @@ NOT_ADMITTED = (errors.ConnectError, errors.RateLimited, errors.ServerError, err
 class EndpointPool:
     """The configured endpoints, their shared caps, their health, and the threads behind them."""
 
-    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+    def __init__(
+        self, settings: Settings, client: redis.Redis, table: SlotTable,
+        clients: dict[str, ChatClient], limiter: RateLimiter | None = None,
+    ) -> None:  # fmt: skip
         self.settings = settings
         self.r = client
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.limiter = _limiter(settings, client)
-        self.clients = {url: _client(url, settings, self.limiter) for url in settings.endpoints}
-        caps = {url: settings.cap_for(url) for url in settings.endpoints}
-        self.table = SlotTable(client, settings.key_prefix, caps, settings.slot_ttl)
-        self.health = {url: _health(settings) for url in settings.endpoints}
+        self.limiter = limiter
+        self.clients = clients
+        self.table = table
+        self.health = {url: _health(settings) for url in clients}
         self.signal = FreeSignal()
         self._held: set[Slot] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    @classmethod
+    def build(cls, settings: Settings, client: redis.Redis) -> EndpointPool:
+        """The pool of the configured endpoints, with their caps, rate limits and clients."""
+        limiter = _limiter(settings, client)
+        clients = {url: _client(url, settings, limiter) for url in settings.endpoints}
+        caps = {url: settings.cap_for(url) for url in settings.endpoints}
+        table = SlotTable(client, settings.key_prefix, caps, settings.slot_ttl)
+        return cls(settings, client, table, clients, limiter)
+
+    def start(self) -> None:
+        """Start renewing slots, probing endpoints, hearing wake-ups (and adapting caps)."""
+        if self._threads:
+            return
         self._threads = [self._start(self._renew_loop, "slot-renewer"),
                          self._start(self._probe_loop, "endpoint-prober"),
                          self._start(self._listen, "slot-wakeups")]  # fmt: skip
-        if settings.adaptive:
+        if self.settings.adaptive:
             self._threads.append(self._start(self._adapt, "adaptive-caps"))
 
     @contextmanager

@@ -24,12 +24,12 @@ Messages = list[dict[str, Any]]
 
 def user_turns(sample: Sample, params: GenParams) -> list[str]:
     """The user turns to answer under the run's ``turns`` setting."""
-    return sample.user_turns[:1] if params.turns == "first" else list(sample.user_turns)
+    return params.turns_of(sample.user_turns)
 
 
 def system_prompt(sample: Sample, params: GenParams) -> str | None:
     """The run's system prompt overrides the source's."""
-    return params.system if params.system is not None else sample.system
+    return params.system_for(sample.system)
 
 
 def history(sample: Sample, params: GenParams, answered: list[TurnResult]) -> Messages:

@@ -13,6 +13,7 @@ calling the model) but could sit behind the whole queue while its sample waits.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 
 import redis
 
+from common.keys import reconciler_lock_key
+from common.locks import HeldLock
 from common.settings import Settings
 from common.store import RunStore
 from worker.broker_scan import MessageRef, queued_refs, unacked_refs
@@ -106,3 +109,34 @@ class Reconciler:
                 self.publish(run, report.republished)
         report.results_relisted = [i for i in store.orphan_results() if store.requeue_result(i)]
         return report
+
+
+class ReconcilerLoop:
+    """Reconciliation passes in the background; one process cluster-wide runs each pass."""
+
+    def __init__(self, client: redis.Redis, settings: Settings, publish: Publish) -> None:
+        self.reconciler = Reconciler(client, settings, publish)
+        self.interval = settings.reconcile_interval
+        # Shorter than the interval, so the lock is free again when the next pass is due.
+        lock = reconciler_lock_key(settings.key_prefix)
+        self._lock = HeldLock(client, lock, self.interval * 0.9)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start passing every ``reconcile_interval`` seconds (once)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="reconciler", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop after the current pass."""
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                if self._lock.hold():
+                    self.reconciler.run_once()
+            except redis.RedisError as exc:
+                log.warning("reconciliation skipped: %s", exc)

@@ -1,45 +1,90 @@
-"""The Celery task: a thin adapter from a message (run, sample id) to the worker runtime."""
+"""The Celery task: a thin adapter from a message (run, sample id) to the sample processor.
+
+What happens after an error is decided by ``after_error``, a pure function of the exception
+tree and the retry count, so it is tested without Celery.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 import redis
+from celery import Celery
 
 from common import errors
 from common.backoff import backoff_delay
+from common.settings import Settings
+from worker.contract import GENERATE_TASK
 
-if TYPE_CHECKING:
-    from worker.app import EagleGenCelery
+# Redis restarting: try again soon; if even this publish fails, the reconciler finds the
+# sample (pending, no lease, no message) and re-enqueues it.
+REDIS_RETRY_S = 5.0
 
-GENERATE_TASK = "eaglegen.generate"
+
+class Processor(Protocol):
+    """The work behind a message (``worker.processing.SampleProcessor``)."""
+
+    def process(self, run: str, sample_id: str) -> str: ...
+    def fail(self, run: str, sample_id: str, exc: errors.GenerationError) -> None: ...
+    def count_retry(self, run: str) -> None: ...
 
 
-def register_tasks(app: EagleGenCelery) -> None:
-    """Attach EagleGen's tasks to ``app``."""
+@dataclass(frozen=True)
+class Next:
+    """What the task does after an error: hand the sample back, retry it later, or fail it."""
+
+    action: Literal["hand_back", "retry", "fail"]
+    countdown: float = 0.0
+    counts_as_retry: bool = False
+
+
+def after_error(exc: BaseException, retries: int, settings: Settings) -> Next | None:
+    """The task's answer to ``exc`` on its ``retries``-th retry; None: not ours, re-raise."""
+    if isinstance(exc, errors.HandedBack):
+        return Next("hand_back")
+    if isinstance(exc, redis.RedisError):
+        return Next("retry", REDIS_RETRY_S)
+    if isinstance(exc, errors.PermanentError):
+        return Next("fail")
+    if isinstance(exc, errors.TransientError):
+        if retries >= settings.max_retries:
+            return Next("fail")
+        delay = backoff_delay(retries, settings.backoff_base, settings.backoff_max)
+        return Next("retry", delay, counts_as_retry=True)
+    return None
+
+
+def register_tasks(
+    app: Celery, settings: Settings, processor: Callable[[], Processor],
+    hand_back: Callable[[str, list[str]], object],
+) -> None:  # fmt: skip
+    """Attach EagleGen's task to ``app``."""
 
     @app.task(bind=True, name=GENERATE_TASK, max_retries=None)  # type: ignore[untyped-decorator]
     def generate(self: Any, run: str, sample_id: str) -> str:
-        runtime = app.runtime()
-        settings = app.settings
+        work = processor()
         try:
-            return runtime.process(run, sample_id)
-        except errors.HandedBack:
-            app.publish_samples(run, [sample_id])
-            return "handed-back"
-        except redis.RedisError as exc:
-            # Redis restarting: try again soon; if even this publish fails, the reconciler
-            # finds the sample (pending, no lease, no message) and re-enqueues it.
-            raise self.retry(countdown=5.0, exc=exc) from None
-        except errors.PermanentError as exc:
-            runtime.fail(run, sample_id, exc)
-            return "failed"
-        except errors.TransientError as exc:
-            store = runtime.store(run)
-            retries: int = self.request.retries
-            if retries >= settings.max_retries:
-                runtime.fail(run, sample_id, exc)
-                return "failed"
-            store.incr("retries")
-            delay = backoff_delay(retries, settings.backoff_base, settings.backoff_max)
-            raise self.retry(countdown=delay, exc=exc) from None
+            return work.process(run, sample_id)
+        except Exception as exc:
+            step = after_error(exc, self.request.retries, settings)
+            if step is None:
+                raise
+            return _follow(self, step, exc, work, hand_back, run, sample_id)
+
+
+def _follow(
+    task: Any, step: Next, exc: Exception, work: Processor,
+    hand_back: Callable[[str, list[str]], object], run: str, sample_id: str,
+) -> str:  # fmt: skip
+    if step.action == "hand_back":
+        hand_back(run, [sample_id])
+        return "handed-back"
+    if step.action == "fail":
+        assert isinstance(exc, errors.GenerationError)
+        work.fail(run, sample_id, exc)
+        return "failed"
+    if step.counts_as_retry:
+        work.count_retry(run)
+    raise task.retry(countdown=step.countdown, exc=exc) from None

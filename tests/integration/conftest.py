@@ -181,7 +181,7 @@ class Stack:
 
     def queue_keys(self) -> list[str]:
         """The broker's lists for this test's queue, one per priority step."""
-        from worker.broker_scan import PRIORITY_SEP, PRIORITY_STEPS
+        from common.keys import PRIORITY_SEP, PRIORITY_STEPS
 
         queue = self.env["EAGLEGEN_QUEUE"]
         return [queue if p == 0 else f"{queue}{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS]

@@ -73,11 +73,8 @@ def test_messages_for_finished_samples_are_acked_without_calling_the_model(stack
     stack.wait_complete()
     before = _sim_stats(url)["requests"]
     ids = sorted(stack.store.r.smembers(stack.store.keys.accepted))
-    publish(
-        create_app(stack.settings.model_copy(update={"queue": stack.env["EAGLEGEN_QUEUE"]})),
-        stack.run_name,
-        ids * 2,
-    )
+    queue = stack.env["EAGLEGEN_QUEUE"]
+    publish(create_app(stack.settings), queue, stack.run_name, ids * 2)
     wait_for(
         lambda: stack.queued() == 0,
         30,

@@ -1,0 +1,114 @@
+"""What a worker process reports: run statistics in Redis, Prometheus metrics, a log summary."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import redis
+from prometheus_client import CollectorRegistry
+
+from common import errors
+from common.keys import RunKeys
+from common.logs import secrets_of
+from common.metrics import RunCollector, WorkerMetrics, serve
+from common.models import TurnResult
+from common.settings import Settings
+from common.stats import StatsRecorder
+
+log = logging.getLogger("eaglegen.worker")
+
+
+class Observer:
+    """Counts every turn, error and finished sample in the run's stats, Prometheus and the log."""
+
+    def __init__(
+        self, client: redis.Redis, settings: Settings, in_flight: Callable[[], int]
+    ) -> None:
+        self.r = client
+        self.settings = settings
+        self.registry = CollectorRegistry()
+        self.metrics = WorkerMetrics(self.registry)
+        self.summary = Summary()
+        self._in_flight = in_flight
+        self._secrets = secrets_of(settings)
+        self._recorders: dict[str, StatsRecorder] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Serve Prometheus metrics (if a port is set) and log the summary every minute."""
+        if self._thread is not None:
+            return
+        if self.settings.metrics_port:
+            self.registry.register(RunCollector(self.r, self.settings))
+            serve(self.registry, self.settings.metrics_port, self.settings.metrics_host)
+        self._thread = threading.Thread(target=self._loop, name="summary", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the summary thread."""
+        self._stop.set()
+
+    def recorder(self, run: str) -> StatsRecorder:
+        """The run's statistics writer (cached)."""
+        with self._lock:
+            if run not in self._recorders:
+                keys = RunKeys(self.settings.key_prefix, run)
+                self._recorders[run] = StatsRecorder(self.r, keys, self._secrets)
+            return self._recorders[run]
+
+    def turn(self, run: str, turn: TurnResult) -> None:
+        """A turn came back from the model."""
+        tokens = turn.usage.completion_tokens
+        self.recorder(run).turn(turn.endpoint, turn.latency_s, tokens)
+        self.metrics.turn(turn.endpoint, turn.latency_s, tokens)
+        self.summary.add(turns=1, tokens=tokens)
+
+    def error(self, run: str, exc: errors.GenerationError) -> None:
+        """An attempt failed; the tokens it streamed are wasted."""
+        self.recorder(run).error(exc.kind, str(exc), exc.endpoint, exc.tokens_streamed)
+        self.metrics.error(exc.endpoint or "none", exc.kind, exc.tokens_streamed)
+        self.summary.add(errors=1)
+
+    def finished(self, run: str, tokens: int, kept: bool) -> None:
+        """A sample's record was stored (kept) or was a duplicate."""
+        self.recorder(run).finished(tokens, kept=kept)
+        self.summary.add(samples=1)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(min(self.summary.every_s, 15.0)):
+            self.summary.maybe_log(self._in_flight())
+
+
+class Summary:
+    """Counts for the periodic info-level line a worker logs."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        self.every_s = every_s
+        self._lock = threading.Lock()
+        self._since = time.monotonic()
+        self._counts = {"samples": 0, "turns": 0, "tokens": 0, "errors": 0}
+
+    def add(self, **amounts: int) -> None:
+        """Count finished samples, turns, tokens or errors."""
+        with self._lock:
+            for name, amount in amounts.items():
+                self._counts[name] += amount
+
+    def maybe_log(self, in_flight: int) -> None:
+        """Log and reset the counts once ``every_s`` has passed."""
+        with self._lock:
+            elapsed = time.monotonic() - self._since
+            if elapsed < self.every_s:
+                return
+            c, self._counts = self._counts, dict.fromkeys(self._counts, 0)
+            self._since = time.monotonic()
+        log.info(
+            "last %.0f s: %d samples, %d turns, %d tokens (%.1f tok/s), %d errors; %d in flight",
+            elapsed, c["samples"], c["turns"], c["tokens"], c["tokens"] / elapsed, c["errors"],
+            in_flight,
+        )  # fmt: skip
