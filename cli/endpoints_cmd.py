@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from cli.main import console, fail, load_settings, open_store, out
+from cli.shared import console, fail, load_settings, open_store, out
 from common.settings import Settings
 from worker.capacity import EndpointView, SlotTable
 

@@ -49,7 +49,7 @@ def run_enqueue(
 
         feeder = Feeder(
             store=store, params=params, info=info,
-            publish=lambda ids: publish(celery, store.run, ids), fmt=fmt,
+            publish=lambda ids: publish(celery, settings.queue, store.run, ids), fmt=fmt,
             max_pending=settings.max_pending, on_invalid=on_invalid, on_progress=on_progress,
         )  # fmt: skip
         counts = feeder.run(rows, limit)

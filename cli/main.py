@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import redis
 import typer
-from rich.console import Console
 
+from cli.shared import (
+    RunOpt,
+    console,
+    die,
+    fail,
+    load_settings,
+    open_store,
+    out,
+    stop_on_signals,
+)
 from common.errors import EagleGenError
 from common.models import GenParams
 from common.redact import redact_url
-from common.settings import Settings
-from common.store import RunStore, connect
 
 app = typer.Typer(
     help="EagleGen: generate EAGLE-3 training data from vLLM servers over Celery + Redis.",
@@ -26,60 +32,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console(stderr=True, soft_wrap=True)
-out = Console()
-
-RunOpt = Annotated[str | None, typer.Option("--run", help="Run name [env EAGLEGEN_RUN].")]
-
-
-def fail(message: str, code: int = 1) -> NoReturn:
-    """Print a one-line error and exit."""
-    console.print(f"[red]error:[/red] {message}", highlight=False, markup=True)
-    raise typer.Exit(code)
-
-
-def _die(message: str) -> NoReturn:
-    console.print(f"[red]error:[/red] {message}", highlight=False)
-    sys.exit(1)
-
-
-def load_settings(**overrides: Any) -> Settings:
-    """The process's settings: environment and .env, then command-line overrides."""
-    try:
-        return Settings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValueError as exc:
-        fail(f"bad settings: {_first_error(exc)}", 2)
-
-
-def _first_error(exc: ValueError) -> str:
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        first = errors()[0]
-        field = ".".join(str(p) for p in first.get("loc", ()))
-        return f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
-    return str(exc)
-
-
-def open_store(settings: Settings) -> RunStore:
-    """The run's store, after checking Redis answers (clear error if it does not)."""
-    client = connect(settings.redis_url, settings.redis_sentinel_master)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        fail(f"cannot reach Redis at {redact_url(settings.redis_url)} ({exc})")
-    return RunStore(client, settings.key_prefix, settings.run)
-
-
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT, for loops that finish their step and exit."""
-    stop = threading.Event()
-
-    def handler(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return stop
 
 
 @app.command()
@@ -221,7 +173,7 @@ def retry_failed(run: RunOpt = None) -> None:
     settings = load_settings(run=run)
     store = open_store(settings)
     ids = store.requeue_failed()
-    sent = publish(create_app(settings), settings.run, ids)
+    sent = publish(create_app(settings), settings.queue, settings.run, ids)
     console.print(f"requeued {sent} failed samples of run {settings.run!r}")
 
 
@@ -272,13 +224,13 @@ def demo(
 
 
 def _register_plugins() -> None:
-    # Optional roles register their own commands; a missing extra only disables those.
-    import importlib
+    # Other roles register their own commands; a missing extra only disables those.
+    from cli import endpoints_cmd
+    from simulator import cli as simulator_cli
+    from training import cli as training_cli
 
-    for name in ("simulator.cli", "training.cli", "cli.endpoints_cmd"):
-        register = getattr(importlib.import_module(name), "register", None)
-        if register is not None:
-            register(app)
+    for module in (simulator_cli, training_cli, endpoints_cmd):
+        module.register(app)
 
 
 def main() -> None:
@@ -287,9 +239,9 @@ def main() -> None:
     try:
         app()
     except EagleGenError as exc:
-        _die(str(exc))
+        die(str(exc))
     except redis.ConnectionError as exc:
-        _die(f"lost the Redis connection: {exc}")
+        die(f"lost the Redis connection: {exc}")
     except KeyboardInterrupt:
         sys.exit(130)
 

@@ -1,0 +1,72 @@
+"""What every ``eaglegen`` sub-command shares: consoles, settings, one-line errors, Redis."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from typing import Annotated, Any, NoReturn
+
+import redis
+import typer
+from rich.console import Console
+
+from common.redact import redact_url
+from common.settings import Settings
+from common.store import RunStore, connect
+
+console = Console(stderr=True, soft_wrap=True)
+out = Console()
+
+RunOpt = Annotated[str | None, typer.Option("--run", help="Run name [env EAGLEGEN_RUN].")]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print a one-line error and exit."""
+    console.print(f"[red]error:[/red] {message}", highlight=False, markup=True)
+    raise typer.Exit(code)
+
+
+def die(message: str) -> NoReturn:
+    """Print a one-line error and exit 1 (outside typer's handling)."""
+    console.print(f"[red]error:[/red] {message}", highlight=False)
+    sys.exit(1)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """The process's settings: environment and .env, then command-line overrides."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as exc:
+        fail(f"bad settings: {_first_error(exc)}", 2)
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        field = ".".join(str(p) for p in first.get("loc", ()))
+        return f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
+    return str(exc)
+
+
+def open_store(settings: Settings) -> RunStore:
+    """The run's store, after checking Redis answers (clear error if it does not)."""
+    client = connect(settings.redis_url, settings.redis_sentinel_master)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        fail(f"cannot reach Redis at {redact_url(settings.redis_url)} ({exc})")
+    return RunStore(client, settings.key_prefix, settings.run)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT, for loops that finish their step and exit."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
