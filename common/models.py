@@ -23,6 +23,16 @@ class GenParams(BaseModel):
     system: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
+    # The one rule of which turns and which system prompt a run uses: the sample id (producer)
+    # and the generated conversation (worker) both come from it, so they cannot diverge.
+    def turns_of(self, user_turns: list[str]) -> list[str]:
+        """The user turns a run answers: all of them, or only the first."""
+        return user_turns[:1] if self.turns == "first" else list(user_turns)
+
+    def system_for(self, source_system: str | None) -> str | None:
+        """The run's system prompt overrides the source's."""
+        return self.system if self.system is not None else source_system
+
 
 class SourceRef(BaseModel):
     """Where a sample came from (its first occurrence)."""

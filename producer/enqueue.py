@@ -82,9 +82,9 @@ class Feeder:
         except InvalidRow as exc:
             self._invalid(row.index, str(exc))
             return None
-        turns = prompt.user_turns[:1] if self.params.turns == "first" else prompt.user_turns
-        system = self.params.system if self.params.system is not None else prompt.system
-        sid = sample_id(system, turns)
+        sid = sample_id(
+            self.params.system_for(prompt.system), self.params.turns_of(prompt.user_turns)
+        )
         if sid in self._seen:
             self.counts.duplicates += 1
             return None
