@@ -1,0 +1,192 @@
+"""In-memory stand-ins for the Redis-backed parts, for unit tests only.
+
+Integration tests use a real Redis and real processes; these fakes let the logic around the
+store (the task's retry mapping, the processor, the feeder, the collector loop) be tested on
+its own. Each keeps the contract of the real method it replaces, nothing more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.models import Failure, GenParams, Sample, SourceRef, TurnResult, Usage
+
+
+def sample(sample_id: str = "s1", turns: tuple[str, ...] = ("q1",)) -> Sample:
+    return Sample(
+        id=sample_id, system=None, user_turns=list(turns),
+        source=SourceRef(dataset="d", split=None, row=0, format="turns"),
+    )  # fmt: skip
+
+
+def turn(text: str = "answer", tokens: int = 7, reason: str = "stop") -> TurnResult:
+    return TurnResult(
+        content=text, finish_reason=reason, usage=Usage(prompt_tokens=3, completion_tokens=tokens),
+        latency_s=0.25, endpoint="http://e/v1", model="m",
+    )  # fmt: skip
+
+
+class FakeLock:
+    def __init__(self, free: bool = True) -> None:
+        self.free = free
+        self.held = False
+
+    def hold(self) -> bool:
+        self.held = self.held or self.free
+        return self.held
+
+    def release(self) -> None:
+        self.held = False
+
+
+@dataclass
+class FakeStore:
+    """The subset of ``RunStore`` each unit under test calls, in memory."""
+
+    run: str = "r"
+    params_: GenParams | None = field(default_factory=GenParams)
+    samples: dict[str, Sample] = field(default_factory=dict)
+    pending: set[str] = field(default_factory=set)
+    accepted: set[str] = field(default_factory=set)
+    leases: dict[str, str] = field(default_factory=dict)
+    partial: dict[str, list[TurnResult]] = field(default_factory=dict)
+    results: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, Failure] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+    ready: list[str] = field(default_factory=list)
+    collecting_: list[str] = field(default_factory=list)
+    lost_on_renew: set[str] = field(default_factory=set)
+    lock: FakeLock = field(default_factory=FakeLock)
+
+    def add(self, s: Sample) -> None:
+        self.samples[s.id] = s
+        self.pending.add(s.id)
+        self.accepted.add(s.id)
+
+    # worker side
+    def params(self) -> GenParams | None:
+        return self.params_
+
+    def acquire(self, sample_id: str, owner: str, ttl_s: float) -> str:
+        if sample_id not in self.pending:
+            return "done"
+        if self.leases.get(sample_id, owner) != owner:
+            return "leased"
+        self.leases[sample_id] = owner
+        self.counters[f"attempts:{sample_id}"] = self.attempts(sample_id) + 1
+        return "ok"
+
+    def release(self, sample_id: str, owner: str) -> None:
+        if self.leases.get(sample_id) == owner:
+            del self.leases[sample_id]
+
+    def renew(self, held: list[tuple[str, str]], ttl_s: float) -> list[str]:
+        return [i for i, _ in held if i in self.lost_on_renew]
+
+    def attempts(self, sample_id: str) -> int:
+        return self.counters.get(f"attempts:{sample_id}", 0)
+
+    def load_sample(self, sample_id: str) -> Sample | None:
+        return self.samples.get(sample_id)
+
+    def load_partial(self, sample_id: str) -> list[TurnResult]:
+        return list(self.partial.get(sample_id, []))
+
+    def save_partial(self, sample_id: str, turns: list[TurnResult]) -> None:
+        self.partial[sample_id] = list(turns)
+
+    def store_result(self, sample_id: str, record_json: str, completion_tokens: int) -> bool:
+        if sample_id not in self.pending:
+            return False
+        self.pending.discard(sample_id)
+        self.results[sample_id] = record_json
+        self.ready.append(sample_id)
+        return True
+
+    def store_failure(self, sample_id: str, failure: Failure) -> bool:
+        if sample_id not in self.pending:
+            return False
+        self.pending.discard(sample_id)
+        self.failed[sample_id] = failure
+        return True
+
+    def incr(self, counter: str, amount: int = 1) -> None:
+        self.counters[counter] = self.counters.get(counter, 0) + amount
+
+    # producer side
+    def known(self, ids: list[str]) -> list[bool]:
+        return [i in self.accepted for i in ids]
+
+    def accept(self, samples: list[Sample]) -> list[bool]:
+        fresh = [s.id not in self.accepted for s in samples]
+        for s, new in zip(samples, fresh, strict=True):
+            if new:
+                self.add(s)
+        return fresh
+
+    def pending_count(self) -> int:
+        return len(self.pending)
+
+    # collector side
+    def collecting(self) -> list[str]:
+        return list(self.collecting_)
+
+    def take_ready(self, limit: int, block_s: float) -> list[str]:
+        taken, self.ready = self.ready[:limit], self.ready[limit:]
+        self.collecting_ += taken
+        return taken
+
+    def results_for(self, ids: list[str]) -> list[str | None]:
+        return [self.results.get(i) for i in ids]
+
+    def commit_collected(self) -> int:
+        n = sum(1 for i in self.collecting_ if self.results.pop(i, None) is not None)
+        self.counters["written"] = self.counters.get("written", 0) + n
+        self.collecting_ = []
+        return n
+
+    def collector_lock(self, ttl_s: float) -> FakeLock:
+        return self.lock
+
+
+class FakeClient:
+    """An endpoint client answering from a script: each entry a TurnResult or an exception."""
+
+    def __init__(self, *script: Any) -> None:
+        self.script = list(script)
+        self.calls: list[list[dict[str, Any]]] = []
+
+    def complete(self, messages: Any, params: Any, check: Any = None) -> TurnResult:
+        self.calls.append(messages)
+        if check is not None:
+            check()
+        step = self.script.pop(0)
+        if isinstance(step, BaseException):
+            raise step
+        return step  # type: ignore[no-any-return]
+
+
+class FakeEndpoints:
+    def __init__(self, client: FakeClient) -> None:
+        self.client = client
+
+    @contextlib.contextmanager
+    def borrow(self, check: Any = None) -> Iterator[FakeClient]:
+        yield self.client
+
+
+class FakeObserver:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def turn(self, run: str, t: TurnResult) -> None:
+        self.events.append(("turn", t.usage.completion_tokens))
+
+    def error(self, run: str, exc: Exception) -> None:
+        self.events.append(("error", type(exc).__name__))
+
+    def finished(self, run: str, tokens: int, kept: bool) -> None:
+        self.events.append(("finished", (tokens, kept)))

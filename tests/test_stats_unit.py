@@ -1,0 +1,68 @@
+"""Run statistics: what the recorder writes and what a snapshot reads back, without Redis."""
+
+from common.keys import RunKeys
+from common.stats import LATENCY_BOUNDS, StatsRecorder, percentile, read_snapshot
+
+
+class FakeHashes:
+    """Hashes in memory behind redis-py's pipeline calls (the only ones stats uses)."""
+
+    def __init__(self):
+        self.h: dict[str, dict[str, float | str]] = {}
+        self.queued = []
+
+    def pipeline(self, transaction=False):
+        return self
+
+    def _hash(self, key):
+        return self.h.setdefault(key, {})
+
+    def hincrby(self, key, field, amount):
+        self.queued.append(lambda: self._add(key, field, amount))
+
+    hincrbyfloat = hincrby
+
+    def _add(self, key, field, amount):
+        self._hash(key)[field] = self._hash(key).get(field, 0) + amount
+
+    def hset(self, key, field, value):
+        self.queued.append(lambda: self._hash(key).__setitem__(field, value))
+
+    def expire(self, key, seconds):
+        self.queued.append(lambda: None)
+
+    def hgetall(self, key):
+        self.queued.append(lambda: {k: str(v) for k, v in self.h.get(key, {}).items()})
+
+    def hmget(self, key, fields):
+        self.queued.append(lambda: [self.h.get(key, {}).get(f) for f in fields])
+
+    def execute(self):
+        out = [step() for step in self.queued]
+        self.queued = []
+        return out
+
+
+KEYS = RunKeys("eaglegen", "r")
+
+
+def test_turns_errors_and_finished_samples_add_up_in_the_snapshot():
+    client = FakeHashes()
+    rec = StatsRecorder(client, KEYS, secrets=["sk-hidden"])
+    rec.turn("http://e/v1", 1.5, 100)
+    rec.turn("http://e/v1", 0.5, 300)
+    rec.error("5xx", "boom sk-hidden", "http://e/v1", wasted_tokens=40)
+    rec.finished(400, kept=True)
+    rec.finished(50, kept=False)
+    snap = read_snapshot(client, KEYS, now=1000.0, since=0.0)
+    assert (snap.turns, snap.completion_tokens_turns, snap.mean_latency) == (2, 400, 1.0)
+    assert snap.wasted_tokens == 90 and snap.errors == {"5xx": 1}
+    assert "sk-hidden" not in snap.last_errors["5xx"]
+    assert snap.endpoints["http://e/v1"]["errors"] == 1.0
+
+
+def test_the_p95_is_the_upper_bound_of_its_histogram_bucket():
+    counts = {LATENCY_BOUNDS.index(1): 95, LATENCY_BOUNDS.index(8): 5}
+    assert percentile(counts, LATENCY_BOUNDS, 0.95) == 1.0
+    assert percentile(counts, LATENCY_BOUNDS, 0.99) == 8.0
+    assert percentile({}, LATENCY_BOUNDS, 0.95) is None
