@@ -113,9 +113,9 @@ def collect(
     settings = load_settings(run=run)
     setup_logging(settings)
     store = open_store(settings)
-    sink = JsonlSink(out_path)
+    sink = JsonlSink(out_path, settings.run)
     stop = stop_on_signals()
-    collector = Collector(store, sink, settings.collect_batch)
+    collector = Collector(store, sink, settings.collect_batch, settings.collector_lock_ttl)
     try:
         if once:
             stats = _collect_with_progress(collector, stop, store.ready_count())
@@ -154,7 +154,7 @@ def status(
 
     settings = load_settings(run=run)
     store = open_store(settings)
-    if not store.exists():
+    if not store.exists() and not watch:
         fail(f"no run named {settings.run!r} in {redact_url(settings.redis_url)}")
     if watch:
         status_view.watch(out, store, settings, interval)

@@ -1,4 +1,10 @@
-"""The collector: results leave Redis only after their lines are on disk."""
+"""The collector: results leave Redis only after their lines are on disk.
+
+Exactly one collector writes a run: it holds the run's lock in Redis, and the scripts that
+take and commit results check that lock's token (fencing), so a collector paused past its lock
+wakes up unable to touch its successor's work, notices, and stops. Redis being unreachable or
+stalled only pauses the loop.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +17,12 @@ from dataclasses import dataclass
 import redis
 
 from collector.sink import JsonlSink
-from common.errors import ConfigError
+from common.errors import CollectorFenced, ConfigError
 from common.store import RunStore
 
 log = logging.getLogger("eaglegen.collector")
-# Renewed on every loop turn (at least once a second); short so that a killed collector's
-# successor waits seconds, not minutes.
-LOCK_TTL = 10.0
+IDLE_MAX_S = 1.0  # longest pause between looks at an empty ready list
+REDIS_PAUSE_S = 1.0
 
 
 @dataclass
@@ -32,12 +37,16 @@ class CollectStats:
 class Collector:
     """Moves a run's results to its JSONL file, exactly one line per sample id."""
 
-    def __init__(self, store: RunStore, sink: JsonlSink, batch: int = 256) -> None:
+    def __init__(
+        self, store: RunStore, sink: JsonlSink, batch: int = 256, lock_ttl: float = 10.0
+    ) -> None:
         self.store = store
         self.sink = sink
         self.batch = batch
+        self.lock_ttl = lock_ttl
         self.stats = CollectStats()
-        self._lock_handle = store.collector_lock(LOCK_TTL)
+        self._lock = store.collector_lock(lock_ttl)
+        self._idle = 0.0
 
     def run(
         self,
@@ -46,48 +55,74 @@ class Collector:
         on_batch: Callable[[CollectStats], None] = lambda stats: None,
     ) -> CollectStats:
         """Collect until ``stop`` is set (or, with ``once``, until nothing is ready)."""
-        self._lock()
+        self._take_lock(stop)
         try:
-            while not stop.is_set():
-                try:
-                    if not self._step(once):
-                        break
-                except redis.ConnectionError as exc:
-                    log.warning("Redis unreachable (%s); retrying", exc)
-                    stop.wait(1.0)
-                    continue
+            while not stop.is_set() and self._turn(stop, once):
                 on_batch(self.stats)
         finally:
-            self._unlock()
+            self._lock.release()  # if Redis is away, the lock expires by itself
         return self.stats
 
-    def _step(self, once: bool) -> bool:
+    def _turn(self, stop: threading.Event, once: bool) -> bool:
+        """One batch; False when ``once`` has nothing left. Redis errors only pause it."""
+        try:
+            return self._step(stop, once)
+        except CollectorFenced:
+            # The lock may be gone without a successor (a Redis restart lost it): take it
+            # again and redo the batch from the collecting list; else stop.
+            if self._lock.hold():
+                return True
+            raise
+        except redis.RedisError as exc:
+            log.warning("Redis unreachable or stalled (%s); retrying", _short(exc))
+            stop.wait(REDIS_PAUSE_S)
+            return True
+
+    def _step(self, stop: threading.Event, once: bool) -> bool:
         # Ids left in the collecting list (a crash, or a commit lost to a Redis restart) go
         # first; the sink skips any already on disk.
-        ids = self.store.collecting() or self._take(once)
-        if not ids and once:
-            return False
+        self._renew()
+        ids = self.store.collecting() or self.store.take_ready(self.token, self.batch)
+        if not ids:
+            if once:
+                return False
+            self._idle = min(max(self._idle * 2, 0.05), IDLE_MAX_S)
+            stop.wait(self._idle)
+            return True
+        self._idle = 0.0
         self._flush(ids)
         return True
 
-    def _unlock(self) -> None:
-        self._lock_handle.release()  # if Redis is away, the lock expires by itself
+    @property
+    def token(self) -> str:
+        """Our lock token (fences the take and commit scripts)."""
+        return self._lock.token or ""
 
-    def _lock(self) -> None:
-        # A killed collector's lock outlives it by up to LOCK_TTL: wait that long, no more.
-        deadline = time.monotonic() + LOCK_TTL + 1
-        while not self._lock_handle.hold():
+    def _renew(self) -> None:
+        if not self._lock.hold():
+            raise CollectorFenced(
+                f"lost the collector lock of run {self.store.run!r} to another collector "
+                "(this one was paused or cut off longer than its lock); stopping"
+            )
+
+    def _take_lock(self, stop: threading.Event) -> None:
+        # A killed collector's lock outlives it by up to its TTL: wait that long, no more
+        # (time with Redis unreachable does not count).
+        deadline = time.monotonic() + self.lock_ttl + 1
+        while not stop.is_set():
+            try:
+                if self._lock.hold():
+                    return
+            except redis.RedisError as exc:
+                log.warning("Redis unreachable (%s); waiting for it", _short(exc))
+                deadline = time.monotonic() + self.lock_ttl + 1
+                stop.wait(REDIS_PAUSE_S)
+                continue
             if time.monotonic() > deadline:
                 raise ConfigError(f"another collector is already writing run {self.store.run!r}")
-            time.sleep(0.5)
-
-    def _take(self, once: bool) -> list[str]:
-        self._lock_handle.hold()
-        return self.store.take_ready(self.batch, 0 if once else 1.0)
+            stop.wait(0.5)
 
     def _flush(self, ids: list[str]) -> None:
-        if not ids:
-            return
         records = self.store.results_for(ids)
         items = [(i, r) for i, r in zip(ids, records, strict=True) if r is not None]
         self.stats.missing += len(ids) - len(items)
@@ -95,4 +130,8 @@ class Collector:
         self.stats.skipped_present += len(items) - written
         self.stats.written += written
         # Only now, with the lines fsynced, may the results leave Redis.
-        self.store.commit_collected()
+        self.store.commit_collected(self.token, ids)
+
+
+def _short(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"[:200]

@@ -1,31 +1,79 @@
-"""The JSONL file: append-only, fsynced, one line per sample id, repaired on open."""
+"""The JSONL file: append-only, fsynced, one line per sample id, repaired on open.
+
+A file belongs to one run and one collector at a time. Before anything else, the file is
+locked at the OS level (a second collector on it is refused at once, even if the first is
+paused) and its first line is checked: a file of another run, or one that is not EagleGen's
+output, is refused and left byte for byte as it was.
+"""
 
 from __future__ import annotations
 
+import fcntl
+import io
 import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
+
+from common.errors import ConfigError
 
 log = logging.getLogger("eaglegen.collector")
+# A record line starts like this (``Record.to_json``): how a cut first line is still known.
+RECORD_START = b'{"schema":'
+FIRST_LINE_MAX = 64 * 1024 * 1024
 
 
 class JsonlSink:
-    """An append-only JSONL file that knows which ids it already holds."""
+    """An append-only JSONL file of one run that knows which ids it already holds."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, run: str) -> None:
         self.path = path
+        self.run = run
         self.ids: set[str] = set()
         self.repaired_bytes = 0
+        if path.is_dir():
+            raise ConfigError(f"--out {path} is a folder; give a file such as {path}/run.jsonl")
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._repair()
-        self._load_ids()
         self._fh = path.open("ab")
+        try:
+            self._lock_file()
+            self._check_owner()
+            self._repair()
+            self._load_ids()
+        except BaseException:
+            self._fh.close()
+            raise
+
+    def _lock_file(self) -> None:
+        try:
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"{self.path} is open in another collector (perhaps paused); "
+                "stop it first, or collect into another file"
+            ) from None
+
+    def _check_owner(self) -> None:
+        first = _first_line(self.path)
+        if not first:
+            return
+        record = _as_record(first)
+        if record is None:
+            if first.endswith(b"\n") or not first.startswith(RECORD_START):
+                raise ConfigError(
+                    f"{self.path} is not an EagleGen output file (its first line is not a "
+                    "record); it was left as it is: choose another --out"
+                )
+            return  # a first line cut by a crash: ours, repaired below
+        if record.get("run") != self.run:
+            raise ConfigError(
+                f"{self.path} holds records of run {record.get('run')!r}, not {self.run!r}; "
+                "collect each run into its own file (nothing was taken from Redis)"
+            )
 
     def _repair(self) -> None:
         # A crash mid-write leaves a partial last line: cut it, its result is still in Redis.
-        if not self.path.exists():
-            return
         with self.path.open("r+b") as fh:
             size = fh.seek(0, os.SEEK_END)
             end = _last_newline_end(fh, size)
@@ -37,8 +85,6 @@ class JsonlSink:
                 log.warning("%s: removed a partial last line (%d bytes)", self.path, size - end)
 
     def _load_ids(self) -> None:
-        if not self.path.exists():
-            return
         with self.path.open("rb") as fh:
             for number, line in enumerate(fh, 1):
                 try:
@@ -60,17 +106,29 @@ class JsonlSink:
         return len(fresh)
 
     def close(self) -> None:
-        """Flush and close."""
+        """Flush, fsync, unlock and close."""
         self._fh.flush()
         os.fsync(self._fh.fileno())
-        self._fh.close()
+        self._fh.close()  # closing the descriptor drops the flock
 
 
-def _last_newline_end(fh: object, size: int) -> int:
+def _first_line(path: Path) -> bytes:
+    with path.open("rb") as fh:
+        return fh.readline(FIRST_LINE_MAX)
+
+
+def _as_record(line: bytes) -> dict[str, Any] | None:
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(data, dict) and "schema" in data and "id" in data and "run" in data:
+        return data
+    return None
+
+
+def _last_newline_end(fh: io.BufferedRandom, size: int) -> int:
     """Offset just after the last newline (0 if none), scanning back in blocks."""
-    import io
-
-    assert isinstance(fh, io.BufferedRandom)
     pos = size
     while pos > 0:
         start = max(0, pos - 65536)

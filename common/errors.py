@@ -15,6 +15,10 @@ class SourceError(EagleGenError):
     """A prompt source cannot be opened or read at all."""
 
 
+class CollectorFenced(EagleGenError):
+    """This collector no longer holds its run's lock: another one writes the run now."""
+
+
 class RunMismatch(ConfigError):
     """A run already exists with other generation parameters."""
 

@@ -46,6 +46,11 @@ class EndpointKeys:
         return self._key("adaptive_lock", endpoint)
 
     @property
+    def health(self) -> str:
+        """Hash endpoint -> JSON of its last known state (up or down, why, when, seen by whom)."""
+        return self._key("health")
+
+    @property
     def freed(self) -> str:
         """Pub/sub channel: a slot was given back, a cap grew or an endpoint came back."""
         return self._key("freed")

@@ -22,7 +22,9 @@ redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 return 1
 """
 
-# KEYS: pending, leases, lease_owner, attempts   ARGV: id, owner, ttl_ms
+# KEYS: pending, leases, lease_owner, attempts, counters   ARGV: id, owner, ttl_ms, retries
+# An attempt beyond the message's own retries means the message came again (the reconciler,
+# a hand-back, the visibility timeout): counted as a redelivery.
 LEASE_ACQUIRE = (
     NOW_MS
     + """
@@ -32,7 +34,8 @@ local owner = redis.call('HGET', KEYS[3], ARGV[1])
 if expiry and tonumber(expiry) > now and owner ~= ARGV[2] then return 'leased' end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
+local attempts = redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
+if attempts > tonumber(ARGV[4]) + 1 then redis.call('HINCRBY', KEYS[5], 'redeliveries', 1) end
 return 'ok'
 """
 )
@@ -102,15 +105,32 @@ end
 return moved
 """
 
-# KEYS: collecting, results, counters   returns how many results left Redis
+# The collector's scripts are fenced: they act only for the holder of the run's collector lock
+# (ARGV[1] must be the lock's value). A collector paused past its lock (a VM freeze, a stuck
+# disk) wakes up unable to take or delete what its successor is writing.
+
+# KEYS: lock, ready, collecting   ARGV: token, limit
+# Moves up to ``limit`` ids from ready to collecting; returns them, or -1 when not the holder.
+TAKE_READY = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local ids = redis.call('LRANGE', KEYS[2], 0, tonumber(ARGV[2]) - 1)
+if #ids == 0 then return ids end
+redis.call('LTRIM', KEYS[2], #ids, -1)
+redis.call('RPUSH', KEYS[3], unpack(ids))
+return ids
+"""
+
+# KEYS: lock, collecting, results, counters   ARGV: token, id...
+# After the lines are fsynced: those ids (only those) leave collecting and results and count
+# as written. Returns how many results left Redis, or -1 when not the holder.
 COMMIT_COLLECTED = """
-local ids = redis.call('LRANGE', KEYS[1], 0, -1)
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 local n = 0
-for i = 1, #ids do
-  n = n + redis.call('HDEL', KEYS[2], ids[i])
+for i = 2, #ARGV do
+  redis.call('LREM', KEYS[2], 1, ARGV[i])
+  n = n + redis.call('HDEL', KEYS[3], ARGV[i])
 end
-redis.call('HINCRBY', KEYS[3], 'written', n)
-redis.call('DEL', KEYS[1])
+redis.call('HINCRBY', KEYS[4], 'written', n)
 return n
 """
 
@@ -133,6 +153,14 @@ if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 0 end
 redis.call('RPUSH', KEYS[3], ARGV[1])
 return 1
 """
+
+# KEYS: leases   returns how many leases have expired (their holder stopped renewing)
+COUNT_EXPIRED = (
+    NOW_MS
+    + """
+return redis.call('ZCOUNT', KEYS[1], '-inf', now)
+"""
+)
 
 # -- endpoint slots (worker/capacity.py) -----------------------------------------------------
 

@@ -84,6 +84,9 @@ class Settings(BaseSettings):
 
     # Collector.
     collect_batch: int = Field(default=256, ge=1)
+    # Renewed on every loop turn (at least once a second); short so that a killed collector's
+    # successor waits seconds, not minutes.
+    collector_lock_ttl: float = Field(default=10.0, gt=0)
 
     @field_validator("endpoints", mode="before")
     @classmethod

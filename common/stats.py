@@ -65,6 +65,7 @@ class Snapshot:
     latency_p95: float | None = None
     tokens_p95: float | None = None
     wasted_tokens: int = 0
+    last_finished_at: float | None = None
     errors: dict[str, int] = field(default_factory=dict)
     last_errors: dict[str, str] = field(default_factory=dict)
     endpoints: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -89,6 +90,8 @@ class Snapshot:
             "p95_latency_s": self.latency_p95,
             "mean_completion_tokens": _round(self.mean_tokens),
             "p95_completion_tokens": self.tokens_p95,
+            # Percentiles come from fixed histogram buckets: each is its bucket's upper edge.
+            "p95_is_upper_bound": True,
             "wasted_tokens": self.wasted_tokens,
             "errors": self.errors,
             "last_errors": self.last_errors,
@@ -127,6 +130,8 @@ class StatsRecorder:
         bucket = self.keys.rate_bucket(int(time.time()) // BUCKET_S)
         pipe = self.r.pipeline(transaction=False)
         if kept:
+            # The time of the last stored result: rates freeze there once the run completes.
+            pipe.hset(self.keys.stats, "last_finished_at", repr(time.time()))
             pipe.hincrby(bucket, "samples", 1)
             pipe.hincrby(bucket, "tokens", tokens)
             pipe.expire(bucket, RATE_WINDOW_S * 3)
@@ -178,6 +183,7 @@ def _from_stats(stats: dict[str, str]) -> Snapshot:
         completion_tokens_turns=int(stats.get("turn_tokens", 0)),
         latency_sum=float(stats.get("latency_sum", 0.0)),
         wasted_tokens=int(stats.get("wasted_tokens", 0)),
+        last_finished_at=float(stats["last_finished_at"]) if "last_finished_at" in stats else None,
     )
     lat = {int(k[4:]): int(v) for k, v in stats.items() if k.startswith("lat:")}
     tok = {int(k[4:]): int(v) for k, v in stats.items() if k.startswith("tok:")}

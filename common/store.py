@@ -15,7 +15,7 @@ from typing import Literal
 
 import redis
 
-from common import lua
+from common import errors, lua
 from common.errors import RunMismatch
 from common.keys import RunKeys, runs_key
 from common.locks import HeldLock
@@ -37,6 +37,7 @@ class RunCounts:
     written: int
     completion_tokens: int
     retries: int
+    redeliveries: int
     started_at: float | None
 
     @property
@@ -61,6 +62,7 @@ class RunCounts:
             "in_flight": self.in_flight, "done": self.done, "failed": self.failed,
             "written": self.written, "complete": self.complete,
             "completion_tokens": self.completion_tokens, "retries": self.retries,
+            "redeliveries": self.redeliveries,
             "started_at": self.started_at,
         }  # fmt: skip
 
@@ -81,9 +83,11 @@ class RunStore:
         self._store_result = reg(lua.STORE_RESULT)
         self._store_failure = reg(lua.STORE_FAILURE)
         self._requeue_failed = reg(lua.REQUEUE_FAILED)
+        self._take_ready = reg(lua.TAKE_READY)
         self._commit_collected = reg(lua.COMMIT_COLLECTED)
         self._reap_expired = reg(lua.REAP_EXPIRED)
         self._requeue_result = reg(lua.REQUEUE_RESULT)
+        self._count_expired = reg(lua.COUNT_EXPIRED)
 
     # -- run metadata -------------------------------------------------------------------
     def ensure_params(self, params: GenParams) -> None:
@@ -139,12 +143,15 @@ class RunStore:
         raw = self.r.hget(self.keys.prompts, sample_id)
         return Sample.model_validate_json(str(raw)) if raw else None
 
-    def acquire(self, sample_id: str, owner: str, ttl_s: float) -> LeaseOutcome:
-        """Take the lease on a sample: 'ok', or why not ('done', 'leased')."""
+    def acquire(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> LeaseOutcome:
+        """Take the lease on a sample: 'ok', or why not ('done', 'leased').
+
+        ``retries`` is the message's own retry count: attempts beyond it are redeliveries.
+        """
         k = self.keys
         outcome = self._acquire(
-            keys=[k.pending, k.leases, k.lease_owner, k.attempts],
-            args=[sample_id, owner, int(ttl_s * 1000)],
+            keys=[k.pending, k.leases, k.lease_owner, k.attempts, k.counters],
+            args=[sample_id, owner, int(ttl_s * 1000), retries],
         )
         return outcome  # type: ignore[no-any-return]
 
@@ -204,6 +211,10 @@ class RunStore:
         """Drop leases whose holder stopped renewing them; returns those sample ids."""
         return [str(x) for x in self._reap_expired(keys=[self.keys.leases, self.keys.lease_owner])]
 
+    def expired_lease_count(self) -> int:
+        """Samples whose holder stopped renewing (dead or paused), not yet reaped."""
+        return int(self._count_expired(keys=[self.keys.leases]))
+
     def pending_ids(self) -> set[str]:
         """Every pending id (bounded by the producer's max_pending)."""
         return {str(x) for x in self.r.sscan_iter(self.keys.pending, count=1000)}
@@ -239,19 +250,15 @@ class RunStore:
         return [str(x) for x in moved]
 
     # -- collector ----------------------------------------------------------------------
-    def take_ready(self, limit: int, block_s: float) -> list[str]:
-        """Move up to ``limit`` ready ids to the collecting list, waiting up to ``block_s``."""
+    def take_ready(self, token: str, limit: int) -> list[str]:
+        """Move up to ``limit`` ready ids to the collecting list, for the lock holder only."""
         k = self.keys
-        if block_s > 0:
-            first = self.r.blmove(k.ready, k.collecting, block_s, "LEFT", "RIGHT")  # type: ignore[arg-type]
-        else:  # BLMOVE with timeout 0 would block forever
-            first = self.r.lmove(k.ready, k.collecting, "LEFT", "RIGHT")
-        if first is None:
-            return []
-        pipe = self.r.pipeline(transaction=False)
-        for _ in range(limit - 1):
-            pipe.lmove(k.ready, k.collecting, "LEFT", "RIGHT")
-        return [str(first)] + [str(x) for x in pipe.execute() if x is not None]
+        taken = self._take_ready(
+            keys=[k.collector_lock, k.ready, k.collecting], args=[token, limit]
+        )
+        if taken == -1:
+            raise errors.CollectorFenced(f"run {self.run!r}: another collector holds the lock")
+        return [str(x) for x in taken]
 
     def ready_count(self) -> int:
         """Results waiting for the collector."""
@@ -267,10 +274,14 @@ class RunStore:
             return []
         return [None if v is None else str(v) for v in self.r.hmget(self.keys.results, ids)]
 
-    def commit_collected(self) -> int:
+    def commit_collected(self, token: str, ids: list[str]) -> int:
         """After the lines are fsynced: drop those results from Redis and count them written."""
         k = self.keys
-        return int(self._commit_collected(keys=[k.collecting, k.results, k.counters]))
+        keys = [k.collector_lock, k.collecting, k.results, k.counters]
+        n = int(self._commit_collected(keys=keys, args=[token, *ids]))
+        if n == -1:
+            raise errors.CollectorFenced(f"run {self.run!r}: another collector holds the lock")
+        return n
 
     def collector_lock(self, ttl_s: float) -> HeldLock:
         """The lock held by the one collector allowed to write this run."""
@@ -285,13 +296,14 @@ class RunStore:
         pipe.scard(k.pending)
         pipe.zcard(k.leases)
         pipe.hlen(k.failed)
-        pipe.hmget(k.counters, ["written", "completion_tokens", "retries"])
+        pipe.hmget(k.counters, ["written", "completion_tokens", "retries", "redeliveries"])
         pipe.hget(k.meta, "created_at")
         total, pending, leased, failed, counters, created = pipe.execute()
-        written, tokens, retries = (int(x or 0) for x in counters)
+        written, tokens, retries, redeliveries = (int(x or 0) for x in counters)
         return RunCounts(
             run=self.run, total=total, pending=pending, in_flight=min(leased, pending),
             failed=failed, written=written, completion_tokens=tokens, retries=retries,
+            redeliveries=redeliveries,
             started_at=float(created) if created else None,
         )  # fmt: skip
 

@@ -33,6 +33,7 @@ class FakeLock:
     def __init__(self, free: bool = True) -> None:
         self.free = free
         self.held = False
+        self.token = "tok"
 
     def hold(self) -> bool:
         self.held = self.held or self.free
@@ -70,7 +71,7 @@ class FakeStore:
     def params(self) -> GenParams | None:
         return self.params_
 
-    def acquire(self, sample_id: str, owner: str, ttl_s: float) -> str:
+    def acquire(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> str:
         if sample_id not in self.pending:
             return "done"
         if self.leases.get(sample_id, owner) != owner:
@@ -134,7 +135,7 @@ class FakeStore:
     def collecting(self) -> list[str]:
         return list(self.collecting_)
 
-    def take_ready(self, limit: int, block_s: float) -> list[str]:
+    def take_ready(self, token: str, limit: int) -> list[str]:
         taken, self.ready = self.ready[:limit], self.ready[limit:]
         self.collecting_ += taken
         return taken
@@ -142,10 +143,10 @@ class FakeStore:
     def results_for(self, ids: list[str]) -> list[str | None]:
         return [self.results.get(i) for i in ids]
 
-    def commit_collected(self) -> int:
-        n = sum(1 for i in self.collecting_ if self.results.pop(i, None) is not None)
+    def commit_collected(self, token: str, ids: list[str]) -> int:
+        n = sum(1 for i in ids if self.results.pop(i, None) is not None)
         self.counters["written"] = self.counters.get("written", 0) + n
-        self.collecting_ = []
+        self.collecting_ = [i for i in self.collecting_ if i not in ids]
         return n
 
     def collector_lock(self, ttl_s: float) -> FakeLock:
@@ -155,9 +156,14 @@ class FakeStore:
 class FakeClient:
     """An endpoint client answering from a script: each entry a TurnResult or an exception."""
 
-    def __init__(self, *script: Any) -> None:
+    def __init__(self, *script: Any, probe_error: Exception | None = None) -> None:
         self.script = list(script)
         self.calls: list[list[dict[str, Any]]] = []
+        self.probe_error = probe_error
+
+    def probe(self, timeout: float) -> None:
+        if self.probe_error is not None:
+            raise self.probe_error
 
     def complete(self, messages: Any, params: Any, check: Any = None) -> TurnResult:
         self.calls.append(messages)

@@ -8,13 +8,17 @@ import redis
 
 from collector.collect import Collector
 from collector.sink import JsonlSink
-from common.errors import ConfigError
+from common.errors import CollectorFenced, ConfigError
 from tests.fakes import FakeLock, FakeStore
+
+
+def _record(i):
+    return json.dumps({"schema": 1, "id": i, "run": "r"})
 
 
 def _ready(store, *ids):
     for i in ids:
-        store.results[i] = json.dumps({"id": i})
+        store.results[i] = _record(i)
         store.ready.append(i)
 
 
@@ -25,7 +29,7 @@ def _lines(path):
 def test_ready_results_are_written_once_and_only_then_leave_the_store(tmp_path):
     store = FakeStore()
     _ready(store, "a", "b")
-    sink = JsonlSink(tmp_path / "out.jsonl")
+    sink = JsonlSink(tmp_path / "out.jsonl", "r")
     stats = Collector(store, sink, batch=1).run(threading.Event(), once=True)
     assert _lines(tmp_path / "out.jsonl") == ["a", "b"]
     assert stats.written == 2 and store.results == {} and store.counters["written"] == 2
@@ -33,20 +37,19 @@ def test_ready_results_are_written_once_and_only_then_leave_the_store(tmp_path):
 
 def test_ids_left_in_collecting_by_a_crash_go_first_and_are_not_written_twice(tmp_path):
     path = tmp_path / "out.jsonl"
-    path.write_text(json.dumps({"id": "a"}) + "\n")
+    path.write_text(_record("a") + "\n")
     store = FakeStore()
     _ready(store, "b")
-    store.results["a"] = json.dumps({"id": "a"})
+    store.results["a"] = _record("a")
     store.collecting_ = ["a"]  # written before the crash, not yet committed
-    stats = Collector(store, JsonlSink(path)).run(threading.Event(), once=True)
+    stats = Collector(store, JsonlSink(path, "r")).run(threading.Event(), once=True)
     assert _lines(path) == ["a", "b"]
     assert (stats.written, stats.skipped_present) == (1, 1)
 
 
-def test_a_second_collector_that_cannot_get_the_lock_refuses(tmp_path, monkeypatch):
-    monkeypatch.setattr("collector.collect.LOCK_TTL", 0.1)
+def test_a_second_collector_that_cannot_get_the_lock_refuses(tmp_path):
     store = FakeStore(lock=FakeLock(free=False))
-    collector = Collector(store, JsonlSink(tmp_path / "out.jsonl"))
+    collector = Collector(store, JsonlSink(tmp_path / "out.jsonl", "r"), lock_ttl=0.1)
     with pytest.raises(ConfigError, match="another collector"):
         collector.run(threading.Event(), once=True)
 
@@ -57,12 +60,28 @@ def test_the_loop_rides_out_a_lost_redis_connection(tmp_path):
     real_take = store.take_ready
     failures = iter([redis.ConnectionError("gone")])
 
-    def flaky(limit, block_s):
+    def flaky(token, limit):
         for exc in failures:
             raise exc
-        return real_take(limit, block_s)
+        return real_take(token, limit)
 
     store.take_ready = flaky
     stop = threading.Event()
-    stats = Collector(store, JsonlSink(tmp_path / "out.jsonl")).run(stop, once=True)
+    stats = Collector(store, JsonlSink(tmp_path / "out.jsonl", "r")).run(stop, once=True)
     assert stats.written == 1
+
+
+def test_a_collector_that_lost_its_lock_to_another_stops_without_committing(tmp_path):
+    store = FakeStore()
+    _ready(store, "a", "b")
+    sink = JsonlSink(tmp_path / "out.jsonl", "r")
+    collector = Collector(store, sink, batch=1)
+    first_batch = []
+
+    def lose_after_first(stats):
+        first_batch.append(stats.written)
+        store.lock.held, store.lock.free = False, False  # paused past its lock; another took it
+
+    with pytest.raises(CollectorFenced):
+        collector.run(threading.Event(), on_batch=lose_after_first)
+    assert store.results.keys() == {"b"} and store.ready == ["b"]

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from common.errors import CollectorFenced
 from common.models import Failure, Sample, SourceRef
 from common.store import RunStore
 
@@ -57,11 +58,34 @@ def test_collected_results_leave_redis_and_count_as_written_once(store):
     store.accept([_sample(1), _sample(2)])
     store.store_result("s1", "{}", 1)
     store.store_result("s2", "{}", 1)
-    assert store.take_ready(10, 0) == ["s1", "s2"]
+    lock = store.collector_lock(10)
+    assert lock.hold()
+    assert store.take_ready(lock.token, 10) == ["s1", "s2"]
     assert store.collecting() == ["s1", "s2"]
-    assert store.commit_collected() == 2
-    assert store.commit_collected() == 0
+    assert store.commit_collected(lock.token, ["s1", "s2"]) == 2
+    assert store.commit_collected(lock.token, ["s1", "s2"]) == 0
     assert store.counts().written == 2 and store.results_for(["s1"]) == [None]
+    assert store.collecting() == []
+
+
+def test_only_the_collector_lock_holder_can_take_or_commit(store):
+    store.accept([_sample(1), _sample(2)])
+    store.store_result("s1", "{}", 1)
+    store.store_result("s2", "{}", 1)
+    old, new = store.collector_lock(0.2), store.collector_lock(10)
+    assert old.hold()
+    assert store.take_ready(old.token, 1) == ["s1"]
+    time.sleep(0.3)  # the old holder is paused past its lock ...
+    assert new.hold()  # ... and a successor takes the run over
+    assert store.take_ready(new.token, 5) == ["s2"]
+    with pytest.raises(CollectorFenced):
+        store.commit_collected(old.token, ["s1", "s2"])
+    with pytest.raises(CollectorFenced):
+        store.take_ready(old.token, 5)
+    assert store.collecting() == ["s1", "s2"] and store.counts().written == 0
+    assert not old.hold()
+    assert store.commit_collected(new.token, ["s2"]) == 1
+    assert store.collecting() == ["s1"]  # the successor's commit leaves the rest of the list
 
 
 def test_failed_samples_go_back_to_pending_on_request(store):
@@ -87,4 +111,6 @@ def test_results_missing_from_the_ready_list_are_found(store):
     store.store_result("s1", "{}", 1)
     store.r.delete(store.keys.ready)  # as if lost in a Redis restart
     assert store.orphan_results() == ["s1"]
-    assert store.requeue_result("s1") and store.take_ready(5, 0) == ["s1"]
+    lock = store.collector_lock(10)
+    assert lock.hold()
+    assert store.requeue_result("s1") and store.take_ready(lock.token, 5) == ["s1"]
