@@ -12,24 +12,28 @@ from rich.table import Table
 from rich.text import Text
 
 from common.settings import Settings
-from common.stats import eta_seconds, read_snapshot
-from common.store import RunStore
+from common.stats import Snapshot, eta_seconds, read_snapshot
+from common.store import RunCounts, RunStore
 
 
 def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
     """Every figure ``status`` shows, as one JSON-ready dict (a few Redis round trips)."""
     counts = store.counts()
     snap = read_snapshot(store.r, store.keys, since=counts.started_at)
+    end = time.time()
+    if counts.complete and snap.last_finished_at:
+        # A finished run's rates are those it had at its end, not diluted by time since.
+        end = snap.last_finished_at
+        snap = read_snapshot(store.r, store.keys, now=end, since=counts.started_at)
     data: dict[str, Any] = {**counts.as_dict(), **snap.as_dict()}
-    elapsed = time.time() - counts.started_at if counts.started_at else None
+    elapsed = end - counts.started_at if counts.started_at else None
     data["elapsed_s"] = round(elapsed, 1) if elapsed else None
     data["samples_per_s_since_start"] = round(counts.done / elapsed, 3) if elapsed else None
     data["tokens_per_s_since_start"] = (
         round(counts.completion_tokens / elapsed, 1) if elapsed else None
     )
-    rate = snap.samples_per_s_minute or (data["samples_per_s_since_start"] or 0.0)
-    eta = eta_seconds(counts.total - counts.done - counts.failed, rate)
-    data["eta_s"] = None if eta is None else round(eta)
+    data["expired_leases"] = store.expired_lease_count()
+    data["eta_s"] = _eta(counts, snap, data, settings)
     kept = counts.completion_tokens
     data["goodput"] = {
         "kept_tokens": kept,
@@ -38,6 +42,16 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
     }
     data["endpoints"] = _endpoints(store, settings, snap.endpoints)
     return data
+
+
+def _eta(counts: RunCounts, snap: Snapshot, data: dict[str, Any], settings: Settings) -> int | None:
+    rate = snap.samples_per_s_minute or (data["samples_per_s_since_start"] or 0.0)
+    eta = eta_seconds(counts.total - counts.done - counts.failed, rate)
+    if data["expired_leases"] and not counts.complete:
+        # A dead worker's samples come back after two reconciler passes, then run again.
+        wait = 2 * settings.reconcile_interval + (snap.mean_latency or 0.0)
+        eta = max(eta or 0.0, wait)
+    return None if eta is None else round(eta)
 
 
 def _endpoints(
@@ -51,6 +65,11 @@ def _endpoints(
     for view in table.snapshot():
         out[view.endpoint] = {"in_flight": view.inflight, "cap": view.cap,
                               "drained": view.drained}  # fmt: skip
+    for url, state in table.health().items():
+        entry = out.setdefault(url, {})
+        entry["state"] = state.get("state", "-")
+        entry["problem"] = state.get("message") or None
+        entry["state_at"] = state.get("at")
     for url, figures in stats.items():
         entry = out.setdefault(url, {})
         requests, errors = figures.get("requests", 0.0), figures.get("errors", 0.0)
@@ -75,9 +94,10 @@ def render(data: dict[str, Any]) -> Group:
 
 def _main_table(d: dict[str, Any]) -> Group:
     t = Table(show_header=True, header_style="bold", box=None)
-    for col in ("total", "queued", "in flight", "done", "failed", "written", "retries"):
+    cols = ("total", "queued", "in flight", "done", "failed", "written", "retries", "redelivered")
+    for col in cols:
         t.add_column(col, justify="right")
-    keys = ("total", "queued", "in_flight", "done", "failed", "written", "retries")
+    keys = ("total", "queued", "in_flight", "done", "failed", "written", "retries", "redeliveries")
     t.add_row(*(str(d[k]) for k in keys))
     rates = Table(show_header=True, header_style="bold", box=None)
     for col in ("", "samples/s", "tokens/s"):
@@ -86,7 +106,8 @@ def _main_table(d: dict[str, Any]) -> Group:
                   _num(d["tokens_per_s_last_minute"]))  # fmt: skip
     rates.add_row("since start", _num(d["samples_per_s_since_start"]),
                   _num(d["tokens_per_s_since_start"]))  # fmt: skip
-    dist = Table("per turn", "mean", "p95", box=None, header_style="bold")
+    # p95s are histogram bucket edges: an upper bound, labelled as such.
+    dist = Table("per turn", "mean", "p95 ≤", box=None, header_style="bold")
     dist.add_row("completion tokens", _num(d["mean_completion_tokens"]),
                  _num(d["p95_completion_tokens"]))  # fmt: skip
     dist.add_row("latency s", _num(d["mean_latency_s"]), _num(d["p95_latency_s"]))
@@ -105,14 +126,20 @@ def _errors_table(d: dict[str, Any]) -> Table:
 
 
 def _endpoint_table(d: dict[str, Any]) -> Table:
-    t = Table("endpoint", "in flight", "cap", "requests", "tokens", "error rate", "mean s",
-              box=None, header_style="bold")  # fmt: skip
+    t = Table("endpoint", "state", "in flight", "cap", "requests", "tokens", "error rate",
+              "mean s", box=None, header_style="bold")  # fmt: skip
     for url, e in sorted(d["endpoints"].items()):
         cap = str(e.get("cap", "-")) + (" (drained)" if e.get("drained") else "")
-        t.add_row(url, str(e.get("in_flight", "-")), cap, str(e.get("requests", 0)),
+        t.add_row(url, _state(e), str(e.get("in_flight", "-")), cap, str(e.get("requests", 0)),
                   str(e.get("tokens", 0)), _num(e.get("error_rate")),
                   _num(e.get("mean_latency_s")))  # fmt: skip
     return t
+
+
+def _state(e: dict[str, Any]) -> str:
+    if e.get("state") in ("down", "refusing"):
+        return f"{e['state']}: {(e.get('problem') or '')[:80]}"
+    return str(e.get("state", "-"))
 
 
 def _num(value: float | None) -> str:
@@ -130,11 +157,18 @@ def _duration(seconds: float | None) -> str:
 
 
 def watch(console: Console, store: RunStore, settings: Settings, interval: float) -> None:
-    """Redraw the view every ``interval`` seconds until interrupted or the run completes."""
+    """Redraw the view every ``interval`` seconds until interrupted or the run completes.
+
+    Started before ``enqueue``, it waits for the run to appear and to get its samples.
+    """
+    if not store.exists():
+        with console.status(f"waiting for run {store.run!r} to appear (Ctrl-C to stop)"):
+            while not store.exists():
+                time.sleep(interval)
     with Live(render(gather(store, settings)), console=console, auto_refresh=False) as live:
         while True:
             data = gather(store, settings)
             live.update(render(data), refresh=True)
-            if data["complete"]:
+            if data["complete"] and data["total"] > 0:
                 return
             time.sleep(interval)

@@ -154,22 +154,23 @@ def test_the_metrics_live_beside_v1():
 
 def test_an_endpoint_is_taken_out_after_failures_in_a_row_only():
     health = EndpointHealth(threshold=3, cooldown=10)
-    assert not health.failure(0, others_in=True)
-    assert not health.failure(0, others_in=True)
+    assert not health.failure(0)
+    assert not health.failure(0)
     health.success()
-    assert not health.failure(1, others_in=True)
-    assert not health.failure(1, others_in=True)
-    assert health.failure(1, others_in=True) and health.out
+    assert not health.failure(1)
+    assert not health.failure(1)
+    assert health.failure(1) and health.out
 
 
-def test_the_last_endpoint_in_is_never_taken_out():
-    health = EndpointHealth(threshold=1, cooldown=10)
-    assert not health.failure(0, others_in=False) and not health.out
+def test_an_endpoint_found_down_at_start_is_out_until_its_first_probe():
+    health = EndpointHealth(threshold=5, cooldown=10)
+    health.mark_down(0)
+    assert health.out and not health.probe_due(9) and health.probe_due(10)
 
 
 def test_an_endpoint_out_is_probed_after_its_cool_down_which_doubles_on_each_failed_probe():
     health = EndpointHealth(threshold=1, cooldown=10, max_cooldown=25)
-    health.failure(100, others_in=True)
+    health.failure(100)
     assert not health.probe_due(109) and health.probe_due(110)
     health.probe_failed(110)
     assert health.out_until == 130

@@ -22,6 +22,7 @@ class FakeTable:
     def __init__(self, caps):
         self.caps = dict(caps)
         self.taken: dict[str, set[str]] = {url: set() for url in caps}
+        self.reported: dict[str, tuple[bool, str]] = {}
 
     def try_acquire(self, token, eligible):
         free = {u: self.caps[u] - len(self.taken[u]) for u in self.caps if u in eligible}
@@ -36,6 +37,9 @@ class FakeTable:
 
     def renew(self, slots):
         return 0
+
+    def report_health(self, endpoint, state, message=""):
+        self.reported[endpoint] = (state, message)
 
 
 def _pool(caps, max_request_time=5.0, failures=2):
@@ -56,13 +60,27 @@ def test_each_request_goes_to_the_endpoint_with_the_most_free_slots():
 
 
 def test_an_endpoint_failing_in_a_row_is_taken_out_and_gets_no_requests():
-    pool, _ = _pool({A: 4, B: 1}, failures=2)
+    pool, table = _pool({A: 4, B: 1}, failures=2)
     for _ in range(2):
         with pytest.raises(errors.ServerError), pool.borrow():
             raise errors.ServerError("500")  # both land on A, the one with most room
-    assert pool.health[A].out
+    assert pool.health[A].out and table.reported[A] == ("down", "500")
     with pool.borrow() as client:
         assert client is pool.clients[B]
+
+
+def test_when_every_endpoint_is_out_a_request_waits_for_one_to_come_back():
+    pool, table = _pool({A: 1}, max_request_time=0.2, failures=1)
+    with pytest.raises(errors.ConnectError), pool.borrow():
+        raise errors.ConnectError("refused")
+    assert pool.health[A].out
+    got = threading.Event()
+    waiter = threading.Thread(target=lambda: pool.borrow().__enter__() and got.set())
+    waiter.start()
+    assert not got.wait(0.6), "gave up or went to a down endpoint while none was in"
+    pool._record(A, None)  # a probe found it back
+    assert got.wait(5) and table.reported[A] == ("up", "")
+    waiter.join()
 
 
 def test_a_rate_limit_or_a_bad_request_does_not_count_against_the_endpoint():
@@ -98,3 +116,12 @@ def test_no_slot_within_the_request_time_is_a_transient_capacity_error():
     pool, _ = _pool({A: 1}, max_request_time=0.1)
     with pool.borrow(), pytest.raises(CapacityUnavailable), pool.borrow():
         pass
+
+
+def test_the_start_up_check_takes_out_an_unreachable_endpoint_but_not_one_that_refuses():
+    pool, table = _pool({A: 1, B: 1})
+    pool.clients[A].probe_error = errors.ConnectError("cannot connect")
+    pool.clients[B].probe_error = errors.AuthError("HTTP 401")
+    pool.check_all()
+    assert pool.health[A].out and table.reported[A] == ("down", "cannot connect")
+    assert not pool.health[B].out and table.reported[B] == ("refusing", "HTTP 401")

@@ -13,11 +13,15 @@ through a pub/sub message, with a slow poll as the safety net.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+import socket
 import threading
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -120,6 +124,16 @@ class SlotTable:
         self.r.set(self.cap_key(endpoint), cap, px=int(ttl_s * 1000))
         if wake:
             self.r.publish(self.channel, "cap")
+
+    def report_health(self, endpoint: str, state: str, message: str = "") -> None:
+        """Publish what this process last saw of an endpoint: up, down or refusing, and why."""
+        seen = {"state": state, "message": message[:300], "at": time.time(),
+                "by": socket.gethostname()}  # fmt: skip
+        self.r.hset(self.keys.health, endpoint, json.dumps(seen))
+
+    def health(self) -> dict[str, dict[str, Any]]:
+        """Every endpoint's last reported state."""
+        return {str(k): json.loads(v) for k, v in self.r.hgetall(self.keys.health).items()}
 
     def drained(self) -> set[str]:
         """Endpoints that take no new requests."""

@@ -21,7 +21,9 @@ from contextlib import contextmanager
 import redis
 
 from common import errors
+from common.logs import secrets_of
 from common.models import GenParams, TurnResult
+from common.redact import redact
 from common.settings import Settings
 from worker.capacity import CapacityUnavailable, FreeSignal, Slot, SlotTable
 from worker.client import ChatClient, Messages
@@ -58,6 +60,7 @@ class EndpointPool:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._secrets = secrets_of(settings)
 
     @classmethod
     def build(cls, settings: Settings, client: redis.Redis) -> EndpointPool:
@@ -72,7 +75,8 @@ class EndpointPool:
         """Start renewing slots, probing endpoints, hearing wake-ups (and adapting caps)."""
         if self._threads:
             return
-        self._threads = [self._start(self._renew_loop, "slot-renewer"),
+        self._threads = [self._start(self.check_all, "endpoint-check"),
+                         self._start(self._renew_loop, "slot-renewer"),
                          self._start(self._probe_loop, "endpoint-prober"),
                          self._start(self._listen, "slot-wakeups")]  # fmt: skip
         if self.settings.adaptive:
@@ -125,10 +129,18 @@ class EndpointPool:
                 return self._hold(Slot(endpoint, token))
             if check is not None:
                 check()
+            if self._all_out():
+                # Every server is down (restarting, or wrongly configured): wait for a probe to
+                # bring one back rather than fail samples that only need it to come up.
+                deadline = time.monotonic() + self.settings.max_request_time
             if time.monotonic() > deadline or self._stop.is_set():
                 raise CapacityUnavailable("no endpoint had a free slot within max_request_time")
             self.signal.wait(seen, pause)
             pause = min(pause * 2, MAX_PAUSE)
+
+    def _all_out(self) -> bool:
+        with self._lock:
+            return all(health.out for health in self.health.values())
 
     def _try(self, token: str) -> str | None:
         with self._lock:
@@ -173,16 +185,49 @@ class EndpointPool:
             if exc is None:
                 changed = health.success()
             elif counts_against(exc):
-                others_in = any(not h.out for url, h in self.health.items() if url != endpoint)
-                changed = health.failure(time.monotonic(), others_in)
+                changed = health.failure(time.monotonic())
             else:
                 return
         if changed and exc is None:
             log.warning("endpoint %s is back", endpoint)
+            self._report(endpoint, None)
             self.signal.notify_all()
         elif changed:
             log.warning("endpoint %s taken out after %d failures in a row: %s",
                         endpoint, health.failures, exc)  # fmt: skip
+            self._report(endpoint, exc)
+
+    def check_all(self) -> None:
+        """At start: ask every endpoint for its models; say which cannot be reached, and why."""
+        for url in self.clients:
+            try:
+                self.clients[url].probe(self.settings.connect_timeout)
+            except errors.GenerationError as exc:
+                self._found_down(url, exc)
+                continue
+            log.info("endpoint %s answers", url)
+            self._report(url, None)
+
+    def _found_down(self, url: str, exc: errors.GenerationError) -> None:
+        if not counts_against(exc):  # it answers, but refuses (a wrong key or model name)
+            log.warning("endpoint %s answers but refuses: %s", url, exc)
+            self._report(url, exc, state="refusing")
+            return
+        with self._lock:
+            self.health[url].mark_down(time.monotonic())
+        log.warning("endpoint %s cannot be reached (%s); requests wait for it to answer, "
+                    "probed every %.0f s or more", url, exc,
+                    self.settings.endpoint_cooldown)  # fmt: skip
+        self._report(url, exc)
+
+    def _report(self, url: str, exc: errors.GenerationError | None, state: str = "") -> None:
+        try:
+            state = state or ("up" if exc is None else "down")
+            # Shown by status; a server may quote the API key back in its error.
+            message = "" if exc is None else redact(str(exc), self._secrets)
+            self.table.report_health(url, state, message)
+        except redis.RedisError as err:
+            log.warning("endpoint state not published: %s", err)
 
     def _probe_loop(self) -> None:
         while not self._stop.wait(PROBE_TICK):
@@ -201,6 +246,7 @@ class EndpointPool:
                 until = self.health[url].out_until or 0.0
             log.warning("endpoint %s still down (%s); next probe in %.0f s",
                         url, exc, until - time.monotonic())  # fmt: skip
+            self._report(url, exc)
             return
         self._record(url, None)
 

@@ -47,17 +47,22 @@ class EndpointHealth:
         self.failures, self.out_until, self._next_cooldown = 0, None, 0.0
         return was_out
 
-    def failure(self, now: float, others_in: bool) -> bool:
+    def failure(self, now: float) -> bool:
         """A request failed against the server; True if that took the endpoint out.
 
-        The last endpoint in stays in: with nowhere else to go, requests keep their own
-        retries and backoff rather than all waiting on a probe.
+        The last endpoint goes out too: while none is in, requests wait for a probe to bring
+        one back instead of spending their retries on a server that is restarting.
         """
         self.failures += 1
-        if self.out or self.failures < self.threshold or not others_in:
+        if self.out or self.failures < self.threshold:
             return False
         self._take_out(now)
         return True
+
+    def mark_down(self, now: float) -> None:
+        """Out at once (the start-up check could not reach it); probed after the cool-down."""
+        if not self.out:
+            self._take_out(now)
 
     def probe_due(self, now: float) -> bool:
         """Out, and its cool-down is over."""

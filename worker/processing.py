@@ -82,11 +82,14 @@ class SampleProcessor:
             self._params[run] = found
         return self._params[run]
 
-    def process(self, run: str, sample_id: str) -> str:
-        """Generate one sample under a lease; returns what happened (for the task's result)."""
+    def process(self, run: str, sample_id: str, retries: int = 0) -> str:
+        """Generate one sample under a lease; returns what happened (for the task's result).
+
+        ``retries``: how often this message was retried (told apart from redeliveries).
+        """
         store = self.store(run)
         token = f"{self.owner}:{uuid.uuid4().hex[:8]}"
-        outcome = store.acquire(sample_id, token, self.settings.lease_ttl)
+        outcome = store.acquire(sample_id, token, self.settings.lease_ttl, retries)
         if outcome != "ok":
             log.debug("skip %s/%s: %s", run, sample_id, outcome)
             return f"skipped:{outcome}"

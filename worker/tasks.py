@@ -26,7 +26,7 @@ REDIS_RETRY_S = 5.0
 class Processor(Protocol):
     """The work behind a message (``worker.processing.SampleProcessor``)."""
 
-    def process(self, run: str, sample_id: str) -> str: ...
+    def process(self, run: str, sample_id: str, retries: int = 0) -> str: ...
     def fail(self, run: str, sample_id: str, exc: errors.GenerationError) -> None: ...
     def count_retry(self, run: str) -> None: ...
 
@@ -66,7 +66,7 @@ def register_tasks(
     def generate(self: Any, run: str, sample_id: str) -> str:
         work = processor()
         try:
-            return work.process(run, sample_id)
+            return work.process(run, sample_id, self.request.retries)
         except Exception as exc:
             step = after_error(exc, self.request.retries, settings)
             if step is None:

@@ -141,14 +141,14 @@ def test_duplicates_and_invalid_rows_are_counted_and_reported(stack: Stack, tmp_
 
 def test_failed_samples_can_be_retried(stack: Stack, tmp_path):
     source = tmp_path / "p.jsonl"
-    source.write_text(json.dumps({"prompt": "hello"}) + "\n")
-    stack.env["EAGLEGEN_ENDPOINTS"] = "http://127.0.0.1:9/v1"  # nothing listens there
-    dead = stack.worker(concurrency=1, EAGLEGEN_MAX_RETRIES="1")
+    source.write_text(json.dumps({"prompt": "a long question " * 40}) + "\n")
+    stack.simulator("--max-model-len", "100")  # a server whose context is too short: HTTP 400
+    first = stack.worker(concurrency=1)
     stack.enqueue(source)
     wait_for(lambda: stack.store.counts().failed == 1, 60, "the sample to fail")
-    assert next(iter(stack.store.failures().values())).kind == "connect"
-    dead.terminate()
-    dead.wait()
+    assert next(iter(stack.store.failures().values())).kind == "400"
+    first.terminate()
+    first.wait()
     stack.simulator()
     stack.worker(concurrency=1)
     stack.collector()
