@@ -183,7 +183,9 @@ class RowBuilder:
             return
         row_id = f"{record.id}-t{last}" if split else record.id
         history = record.messages[: record.assistant_at[last] + 1]
-        line = json.dumps(specforge_row(row_id, history), ensure_ascii=False)
+        reason = record.turns[last].finish_reason
+        row_json = specforge_row(row_id, history, reason, record.template_kwargs)
+        line = json.dumps(row_json, ensure_ascii=False)
         outcome.rows.append(OutRow(row_id, ids, mask, truncated, line))
 
     def fit(
