@@ -112,19 +112,20 @@ def build_tokenizer(family: str, vocab_size: int, out: Path) -> Any:
 
 def rendered_texts(path: Path, tok: Any) -> list[str]:
     """Return the full text of every row the job will write (prompt + generated text)."""
+    from training.chat_template import template_source
     from training.records import iter_lines
-    from training.tokenize import JobConfig, Worker, template_source
+    from training.rows import JobConfig, RowBuilder
 
     text_, name = template_source(tok, None)
     specials = tuple(tok.get_added_vocab())
     cfg = JobConfig(
         text_, name, dict(tok.special_tokens_map), specials, None, "keep", "drop", "auto"
     )
-    worker = Worker(tok.backend_tokenizer, cfg)
+    builder = RowBuilder(tok.backend_tokenizer, cfg)
     texts = []
     for _, chunk in iter_lines(path, 1024):
         for line_no, line in chunk:
-            _, rows, _ = worker.plan(line_no, line)
+            _, rows, _ = builder.plan(line_no, line)
             texts.extend(r.prompt + r.span for r in rows)
     return texts
 

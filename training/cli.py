@@ -1,4 +1,4 @@
-"""``eaglegen tokenize`` and ``eaglegen vocab-map``: registered on the main Typer app.
+"""``eaglegen tokenize``, ``vocab-map`` and ``export``: registered on the main Typer app.
 
 The heavy imports (transformers, torch, datasets) happen inside the commands, so the rest of
 the CLI works without the ``train`` extra; a missing extra gives a one-line error.
@@ -93,7 +93,35 @@ def vocab_map_command(
     )
 
 
+def export_command(
+    tokenized: Annotated[Path, typer.Argument(help="Output directory of `eaglegen tokenize`.")],
+    out: Annotated[Path, typer.Option(help="Directory to write the trainers' files into.")],
+    trainer: Annotated[
+        list[str] | None, typer.Option(help="specforge and/or speculators (default: both).")
+    ] = None,
+    draft_vocab_size: Annotated[
+        int | None, typer.Option(help="Also write the draft vocabulary mapping, e.g. 32000.")
+    ] = None,
+    target_vocab_size: Annotated[
+        int | None, typer.Option(help="Target vocab size (default: from stats.json).")
+    ] = None,
+) -> None:
+    """Write what SpecForge and speculators read: JSONL rows, their dataset, vocab files."""
+    _require("torch", "datasets")
+    from training.export import TRAINERS, export
+
+    chosen = tuple(trainer or TRAINERS)
+    try:
+        result = export(tokenized, out, chosen, draft_vocab_size, target_vocab_size)  # type: ignore[arg-type]  # checked by export()
+    except (ValueError, OSError) as exc:
+        raise _fail(exc) from None
+    typer.echo(f"exported {result.rows} rows to {result.out}:")
+    for name in result.files:
+        typer.echo(f"  {name}")
+
+
 def register(app: typer.Typer) -> None:
-    """Add the ``tokenize`` and ``vocab-map`` commands to the main app."""
+    """Add the ``tokenize``, ``vocab-map`` and ``export`` commands to the main app."""
     app.command("tokenize")(tokenize_command)
     app.command("vocab-map")(vocab_map_command)
+    app.command("export")(export_command)

@@ -162,12 +162,25 @@ def iter_lines(path: Path, chunk_lines: int) -> Iterator[tuple[int, list[tuple[i
         yield done, chunk
 
 
-def specforge_row(row_id: str, messages: tuple[dict[str, Any], ...]) -> dict[str, Any]:
-    """Return a SpecForge conversations row (role, content, reasoning_content when present)."""
+def specforge_row(
+    row_id: str,
+    messages: tuple[dict[str, Any], ...],
+    finish_reason: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Return a conversations row both trainers read, with what their tools check.
+
+    ``status: "success"`` is what SpecForge's expand and validate scripts require;
+    ``finish_reason`` is the row's last turn's; the record's chat template kwargs
+    (``enable_thinking`` …) sit at the top level, where SpecForge's preprocessing passes every
+    extra column to the chat template, so each row renders with the settings it was generated
+    with.
+    """
     out = []
     for m in messages:
         item = {"role": m["role"], "content": m["content"]}
         if m.get("reasoning_content"):
             item["reasoning_content"] = m["reasoning_content"]
         out.append(item)
-    return {"id": row_id, "conversations": out}
+    row: dict[str, Any] = {**(template_kwargs or {}), "id": row_id, "conversations": out}
+    return row | {"status": "success", "finish_reason": finish_reason}

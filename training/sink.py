@@ -17,7 +17,7 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 SHARD_BYTES = 500 * 2**20
 # input_ids travel as array("i"): 4-byte ints, as the int32 column stores them.
@@ -49,22 +49,32 @@ def features(flag: bool) -> Any:
     return Features(cols)
 
 
-class DatasetSink:
-    """Writes batches of OutRows as Arrow shards; ``close`` adds the metadata files."""
+class TableSink:
+    """Writes Arrow record batches as ``save_to_disk`` shards; ``close`` adds the metadata files.
 
-    def __init__(self, target: Path, flag: bool, shard_bytes: int | None = None) -> None:
+    ``format_type`` is the format ``load_from_disk`` gives the dataset back in (``"torch"`` for
+    speculators' trainer; None for plain Python values).
+    """
+
+    def __init__(
+        self,
+        target: Path,
+        features: Any,
+        shard_bytes: int | None = None,
+        format_type: str | None = None,
+    ) -> None:
         """Prepare to write into ``target`` (created; must not exist)."""
         self.target = target
-        self.flag = flag
         self.shard_bytes = shard_bytes or SHARD_BYTES
-        self.features = features(flag)
-        self.schema = self.features.arrow_schema
+        self.features = features
+        self.format_type = format_type
+        self.schema = features.arrow_schema
         self.shards: list[Path] = []
         self.file: Any = None
         self.writer: Any = None
         target.mkdir(parents=True)
 
-    def __enter__(self) -> DatasetSink:
+    def __enter__(self) -> Self:
         """Open the first shard."""
         self._open()
         return self
@@ -77,32 +87,12 @@ class DatasetSink:
         if kind is None:
             self._finish()
 
-    def write(self, rows: list[OutRow]) -> None:
-        """Append rows as one record batch, starting a new shard when this one is full."""
-        if not rows:
-            return
+    def write_batch(self, batch: Any) -> None:
+        """Append one record batch, starting a new shard when this one is full."""
         if self.file.tell() >= self.shard_bytes:
             self._close_shard()
             self._open()
-        self.writer.write_batch(self._batch(rows))
-
-    def _batch(self, rows: list[OutRow]) -> Any:
-        """Build a record batch from the rows' buffers without touching single tokens."""
-        import numpy as np
-        import pyarrow as pa
-
-        lengths = np.fromiter((len(r.input_ids) for r in rows), np.int64, len(rows))
-        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-        ids = np.frombuffer(b"".join(r.input_ids for r in rows), dtype=np.int32)
-        mask = np.concatenate([r.loss_mask for r in rows])
-        cols = [
-            pa.array([r.id for r in rows], pa.string()),
-            pa.ListArray.from_arrays(offsets, pa.array(ids)),
-            pa.ListArray.from_arrays(offsets, pa.array(mask)),
-        ]
-        if self.flag:
-            cols.append(pa.array([r.truncated for r in rows], pa.bool_()))
-        return pa.RecordBatch.from_arrays(cols, schema=self.schema)
+        self.writer.write_batch(batch)
 
     def _open(self) -> None:
         """Start a new shard file (temporary name until the count is known)."""
@@ -133,8 +123,40 @@ class DatasetSink:
             "_fingerprint": uuid.uuid4().hex,
             "_format_columns": None,
             "_format_kwargs": {},
-            "_format_type": None,
+            "_format_type": self.format_type,
             "_output_all_columns": False,
             "_split": None,
         }
         (self.target / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+
+
+class DatasetSink(TableSink):
+    """Writes batches of OutRows (the tokenize job's rows) as ``save_to_disk`` shards."""
+
+    def __init__(self, target: Path, flag: bool, shard_bytes: int | None = None) -> None:
+        """Prepare to write into ``target``; ``flag`` adds the ``truncated`` column."""
+        super().__init__(target, features(flag), shard_bytes)
+        self.flag = flag
+
+    def write(self, rows: list[OutRow]) -> None:
+        """Append rows as one record batch."""
+        if rows:
+            self.write_batch(self._batch(rows))
+
+    def _batch(self, rows: list[OutRow]) -> Any:
+        """Build a record batch from the rows' buffers without touching single tokens."""
+        import numpy as np
+        import pyarrow as pa
+
+        lengths = np.fromiter((len(r.input_ids) for r in rows), np.int64, len(rows))
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+        ids = np.frombuffer(b"".join(r.input_ids for r in rows), dtype=np.int32)
+        mask = np.concatenate([r.loss_mask for r in rows])
+        cols = [
+            pa.array([r.id for r in rows], pa.string()),
+            pa.ListArray.from_arrays(offsets, pa.array(ids)),
+            pa.ListArray.from_arrays(offsets, pa.array(mask)),
+        ]
+        if self.flag:
+            cols.append(pa.array([r.truncated for r in rows], pa.bool_()))
+        return pa.RecordBatch.from_arrays(cols, schema=self.schema)

@@ -1,0 +1,247 @@
+"""From one chunk of input lines to output rows: render, tokenize, apply the length policies.
+
+:class:`RowBuilder` holds one compiled template and the backend tokenizer; one lives in each
+process of the job. Rendering (pure Python) and tokenizing (the tokenizer releases the GIL) are
+separate steps so :mod:`training.parallel` can overlap them.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from training.chat_template import compile_template
+from training.records import Record, RecordError, parse_line, specforge_row
+from training.render import (
+    PerTurn,
+    Render,
+    RowPlan,
+    TemplateError,
+    TurnText,
+    conversation_turns,
+    plan_rows,
+    span_config,
+)
+from training.sink import OutRow
+
+FinishPolicy = Literal["keep", "drop", "flag"]
+TruncatePolicy = Literal["drop", "turn"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    """Everything a RowBuilder needs besides the tokenizer (picklable)."""
+
+    template: str
+    template_name: str
+    special_map: dict[str, str]
+    end_tokens: tuple[str, ...]
+    max_length: int | None
+    on_length: FinishPolicy
+    truncate: TruncatePolicy
+    per_turn: PerTurn
+
+
+@dataclass(slots=True)
+class Outcome:
+    """The result of one input line: its rows, or why it was skipped, and its counters."""
+
+    line: int
+    record_id: str | None = None
+    error: str | None = None
+    rows: list[OutRow] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    cut: int = 0
+    checks: int = 0
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    spliced: int = 0
+    reasoning_dropped: int = 0
+    unmasked: int = 0
+    split: bool = False
+
+
+class RowBuilder:
+    """Renders and tokenizes chunks of lines; one per process."""
+
+    def __init__(self, backend: Any, cfg: JobConfig) -> None:
+        """Keep the backend tokenizer and compile the template once."""
+        self.backend = backend
+        self.cfg = cfg
+        self.template = compile_template(cfg.template)
+        self.span_cfg = span_config(cfg.template, cfg.template_name, cfg.end_tokens)
+
+    def render_for(self, kwargs: Mapping[str, Any]) -> Render:
+        """Return a render function with the tokenizer's special tokens and the record's kwargs."""
+        ctx = {**self.cfg.special_map, **kwargs}
+        template = self.template
+
+        def render(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
+            """Render messages as transformers' apply_chat_template(tokenize=False) does."""
+            text: str = template.render(
+                messages=list(messages),
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **ctx,
+            )
+            return text
+
+        return render
+
+    def plan(self, line_no: int, line: bytes) -> tuple[Record, list[RowPlan], list[TurnText]]:
+        """Parse and render one line: its record, row plans and rendered turns."""
+        from jinja2 import TemplateError as JinjaError
+
+        record = parse_line(line)
+        render = self.render_for(record.template_kwargs)
+        cuts = [t.finish_reason == "length" for t in record.turns]
+        try:
+            turns = conversation_turns(
+                record.messages, record.assistant_at, render, self.span_cfg, cuts
+            )
+        except TemplateError as exc:
+            raise TemplateError(f"{exc} (line {line_no}, id {record.id})") from None
+        except (JinjaError, TypeError, ValueError) as exc:
+            # A template refusing one conversation (odd roles, tool calls) spoils only that row.
+            raise RecordError(f"chat template error: {exc}") from None
+        return record, plan_rows(turns, self.cfg.per_turn), turns
+
+    def process(self, chunk: Sequence[tuple[int, bytes]]) -> list[Outcome]:
+        """Render, tokenize and apply the length policies to a chunk of lines."""
+        return self.tokenize_chunk(self.render_chunk(chunk))
+
+    def render_chunk(self, chunk: Sequence[tuple[int, bytes]]) -> Rendered:
+        """Parse and render a chunk of lines (the pure-Python half of the work)."""
+        outcomes: list[Outcome] = []
+        planned: list[tuple[Outcome, Record, list[RowPlan]]] = []
+        for line_no, line in chunk:
+            try:
+                record, rows, turns = self.plan(line_no, line)
+            except RecordError as exc:
+                outcomes.append(Outcome(line_no, error=str(exc)))
+                continue
+            outcome = Outcome(line_no, record.id, split=len(rows) > 1)
+            outcome.spliced = sum(t.spliced for t in turns)
+            outcome.reasoning_dropped = sum(t.reasoning_dropped for t in turns)
+            outcome.unmasked = sum(r.unmasked for r in rows)
+            outcomes.append(outcome)
+            planned.append((outcome, record, rows))
+        return outcomes, planned
+
+    def tokenize_chunk(self, rendered: Rendered) -> list[Outcome]:
+        """Tokenize a rendered chunk and build its rows (the tokenizer releases the GIL)."""
+        outcomes, planned = rendered
+        encoded = self.encode([row for _, _, rows in planned for row in rows])
+        for outcome, record, rows in planned:
+            for row in rows:
+                self.finish_row(outcome, record, row, len(rows) > 1, *next(encoded))
+        return outcomes
+
+    def encode(self, rows: Sequence[RowPlan]) -> Iterator[tuple[Any, Any, list[int]]]:
+        """Tokenize prompts and spans in two batch calls; yield (prompt enc, span enc, starts)."""
+        need = [bool(r.earlier) for r in rows]
+        cut = [r.span_mask_end < len(r.span) for r in rows]
+        fast_texts = [r.prompt for r, n in zip(rows, need, strict=True) if not n]
+        fast_texts += [r.span for r, c in zip(rows, cut, strict=True) if not c]
+        slow_texts = [r.prompt for r, n in zip(rows, need, strict=True) if n]
+        slow_texts += [r.span for r, c in zip(rows, cut, strict=True) if c]
+        # Offsets cost time: only rows with earlier trained turns or a cut span ask for them.
+        fast = iter(self.backend.encode_batch_fast(fast_texts, add_special_tokens=False))
+        slow = iter(self.backend.encode_batch(slow_texts, add_special_tokens=False))
+        prompts = [next(slow) if n else next(fast) for n in need]
+        spans = [next(slow) if c else next(fast) for c in cut]
+        for prompt, span, n in zip(prompts, spans, need, strict=True):
+            yield prompt, span, _starts(prompt) if n else []
+
+    def finish_row(
+        self,
+        outcome: Outcome,
+        record: Record,
+        row: RowPlan,
+        split: bool,
+        prompt: Any,
+        span: Any,
+        starts: list[int],
+    ) -> None:
+        """Check prompt tokens, apply the length policies, and keep or drop one row."""
+        ids, mask, prompt_len = _row_lists(row, prompt, span, starts)
+        self.check_prompts(outcome, record, row, prompt_len, starts)
+        fitted = self.fit(row, ids, mask, starts)
+        if fitted is None:
+            outcome.dropped.append("too_long")
+            return
+        ids, mask, last = fitted
+        outcome.cut += last != row.last
+        trained = [t for t in row.turns() if t <= last]
+        truncated = any(record.turns[t].finish_reason == "length" for t in trained)
+        if truncated and self.cfg.on_length == "drop":
+            outcome.dropped.append("finish_length")
+            return
+        row_id = f"{record.id}-t{last}" if split else record.id
+        history = record.messages[: record.assistant_at[last] + 1]
+        reason = record.turns[last].finish_reason
+        row_json = specforge_row(row_id, history, reason, record.template_kwargs)
+        line = json.dumps(row_json, ensure_ascii=False)
+        outcome.rows.append(OutRow(row_id, ids, mask, truncated, line))
+
+    def fit(
+        self, row: RowPlan, ids: array[int], mask: Any, starts: list[int]
+    ) -> tuple[array[int], Any, int] | None:
+        """Return (ids, mask, last turn) within max_length, cut at a turn if allowed, or None."""
+        limit = self.cfg.max_length
+        if limit is None or len(ids) <= limit:
+            return ids, mask, row.last
+        if self.cfg.truncate != "turn":
+            return None
+        for e in reversed(row.earlier):
+            size = bisect_left(starts, e.context_end)
+            if size <= limit:
+                return ids[:size], mask[:size], e.turn
+        return None
+
+    def check_prompts(
+        self, outcome: Outcome, record: Record, row: RowPlan, prompt_len: int, starts: list[int]
+    ) -> None:
+        """Compare each trained turn's prompt length with the server's prompt_tokens."""
+        lengths = {e.turn: e.prompt_end for e in row.earlier}
+        for turn in row.turns():
+            expected = record.turns[turn].prompt_tokens
+            if expected is None:
+                continue
+            got = prompt_len if turn == row.last else bisect_left(starts, lengths[turn])
+            outcome.checks += 1
+            if got != expected:
+                outcome.mismatches.append(
+                    {"id": record.id, "turn": turn, "server": expected, "rendered": got}
+                )
+
+
+def _row_lists(
+    row: RowPlan, prompt: Any, span: Any, starts: list[int]
+) -> tuple[array[int], Any, int]:
+    """Return a row's input_ids (int32), loss_mask (int8) and prompt length."""
+    import numpy as np
+
+    p_ids, s_ids = prompt.ids, span.ids
+    n_span = len(s_ids)
+    if row.span_mask_end < len(row.span):
+        n_span = bisect_left(_starts(span), row.span_mask_end)
+    ids = array("i", p_ids)
+    ids.extend(s_ids)
+    mask = np.zeros(len(ids), dtype=np.int8)
+    mask[len(p_ids) : len(p_ids) + n_span] = 1
+    for e in row.earlier:
+        mask[bisect_left(starts, e.prompt_end) : bisect_left(starts, e.mask_end)] = 1
+    return ids, mask, len(p_ids)
+
+
+def _starts(encoding: Any) -> list[int]:
+    """Return the tokens' start character offsets (non-decreasing)."""
+    return [start for start, _ in encoding.offsets]
+
+
+Rendered = tuple[list["Outcome"], list[tuple["Outcome", Record, list[RowPlan]]]]
