@@ -29,7 +29,7 @@ def run_enqueue(
     """Feed ``source`` into the run and print the one-line summary."""
     console = Console(stderr=True)
     info, rows = open_source(source, split, subset)
-    store.ensure_params(params)
+    store.ensure_params(params, settings.queue)
     celery = create_app(settings)
     shown = [0]
 

@@ -40,15 +40,20 @@ return 'ok'
 """
 )
 
-# KEYS: leases, lease_owner   ARGV: ttl_ms, id1, owner1, id2, owner2...
-# returns the ids whose lease is no longer held by the given owner
+# KEYS: leases, lease_owner, pending   ARGV: ttl_ms, id1, owner1, id2, owner2...
+# Returns the ids whose lease another worker now holds. A lease with no owner at all (reaped
+# while Redis was unreachable long enough for every lease to look expired) is taken back: its
+# holder is alive, or it would not be renewing.
 LEASE_RENEW = (
     NOW_MS
     + """
 local lost = {}
 for i = 2, #ARGV, 2 do
-  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
+  local owner = redis.call('HGET', KEYS[2], ARGV[i])
+  if owner == ARGV[i + 1]
+      or (not owner and redis.call('SISMEMBER', KEYS[3], ARGV[i]) == 1) then
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
   else
     table.insert(lost, ARGV[i])
   end
@@ -68,8 +73,11 @@ return 0
 """
 
 # KEYS: pending, results, ready, leases, lease_owner, prompts, partial, attempts, counters
-# ARGV: id, record json, completion tokens
+# ARGV: id, record json, completion tokens, token
+# 1 stored, 0 already finished, -1 refused: another worker holds the lease (ours was lost).
 STORE_RESULT = """
+local owner = redis.call('HGET', KEYS[5], ARGV[1])
+if owner and owner ~= ARGV[4] then return -1 end
 if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('RPUSH', KEYS[3], ARGV[1])
@@ -82,8 +90,11 @@ redis.call('HINCRBY', KEYS[9], 'completion_tokens', tonumber(ARGV[3]))
 return 1
 """
 
-# KEYS: pending, failed, leases, lease_owner, counters   ARGV: id, failure json, kind
+# KEYS: pending, failed, leases, lease_owner, counters   ARGV: id, failure json, kind, token
+# Refused (-1) while another worker holds the sample's lease: it may yet succeed.
 STORE_FAILURE = """
+local owner = redis.call('HGET', KEYS[4], ARGV[1])
+if owner and owner ~= ARGV[4] then return -1 end
 if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[1])

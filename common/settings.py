@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     # Producer.
     max_pending: int = Field(default=10_000, ge=1)
 
+    # Seconds a finished answer's store is retried through a Redis blip before giving up.
+    store_retry_s: float = Field(default=60.0, ge=0)
+
     # Collector.
     collect_batch: int = Field(default=256, ge=1)
     # Renewed on every loop turn (at least once a second); short so that a killed collector's

@@ -22,7 +22,11 @@ from common.locks import HeldLock
 from common.models import Failure, GenParams, Sample, TurnResult
 from common.redis_url import is_sentinel, sentinel_master_client
 
+# Explicit, whatever redis-py's default: no Redis command here may block for longer.
+SOCKET_TIMEOUT_S = 10.0
 LeaseOutcome = Literal["ok", "done", "leased"]
+StoreOutcome = Literal["stored", "duplicate", "lease_lost"]
+_STORE_OUTCOMES: dict[int, StoreOutcome] = {1: "stored", 0: "duplicate", -1: "lease_lost"}
 
 
 @dataclass(frozen=True)
@@ -90,11 +94,13 @@ class RunStore:
         self._count_expired = reg(lua.COUNT_EXPIRED)
 
     # -- run metadata -------------------------------------------------------------------
-    def ensure_params(self, params: GenParams) -> None:
-        """Record the run's parameters, or fail if the run exists with other ones."""
+    def ensure_params(self, params: GenParams, queue: str | None = None) -> None:
+        """Record the run's parameters and queue, or fail if the run exists with other ones."""
         wanted = params.model_dump_json()
         self.r.sadd(runs_key(self.prefix), self.run)
         self.r.hsetnx(self.keys.meta, "created_at", repr(time.time()))
+        if queue is not None:
+            self._ensure_queue(queue)
         if self.r.hsetnx(self.keys.meta, "params", wanted):
             return
         stored = GenParams.model_validate_json(str(self.r.hget(self.keys.meta, "params")))
@@ -104,6 +110,22 @@ class RunStore:
                 f"run {self.run!r} was created with other parameters ({diff}); "
                 "use the same ones or a new --run"
             )
+
+    def _ensure_queue(self, queue: str) -> None:
+        # A run is served by one queue's workers (and one endpoint set, one model): the
+        # reconciler re-publishes its lost samples only there.
+        if self.r.hsetnx(self.keys.meta, "queue", queue):
+            return
+        if (stored := self.queue()) != queue:
+            raise RunMismatch(
+                f"run {self.run!r} is served by queue {stored!r}, not {queue!r}; "
+                f"use EAGLEGEN_QUEUE={stored} or a new --run"
+            )
+
+    def queue(self) -> str | None:
+        """The queue whose workers serve the run (None for runs made before it was kept)."""
+        raw = self.r.hget(self.keys.meta, "queue")
+        return str(raw) if raw else None
 
     def params(self) -> GenParams | None:
         """The run's parameters, if it exists."""
@@ -162,7 +184,8 @@ class RunStore:
         args: list[str | int] = [int(ttl_s * 1000)]
         for sample_id, owner in held:
             args += [sample_id, owner]
-        lost = self._renew(keys=[self.keys.leases, self.keys.lease_owner], args=args)
+        k = self.keys
+        lost = self._renew(keys=[k.leases, k.lease_owner, k.pending], args=args)
         return [str(x) for x in lost]
 
     def release(self, sample_id: str, owner: str) -> None:
@@ -183,24 +206,27 @@ class RunStore:
         payload = json.dumps([t.model_dump() for t in turns], ensure_ascii=False)
         self.r.hset(self.keys.partial, sample_id, payload)
 
-    def store_result(self, sample_id: str, record_json: str, completion_tokens: int) -> bool:
-        """Store a finished record once; False if the sample was already finished."""
+    def store_result(
+        self, sample_id: str, record_json: str, completion_tokens: int, token: str = ""
+    ) -> StoreOutcome:
+        """Store a finished record once: 'stored', 'duplicate' (already finished) or
+        'lease_lost' (another worker holds the sample now; ours expired)."""
         k = self.keys
         keys = [
             k.pending, k.results, k.ready, k.leases, k.lease_owner, k.prompts, k.partial,
             k.attempts, k.counters,
         ]  # fmt: skip
-        return bool(self._store_result(keys=keys, args=[sample_id, record_json, completion_tokens]))
+        args: list[str | int] = [sample_id, record_json, completion_tokens, token]
+        return _STORE_OUTCOMES[int(self._store_result(keys=keys, args=args))]
 
-    def store_failure(self, sample_id: str, failure: Failure) -> bool:
-        """Move a sample to the failed set with its reason; False if already finished."""
+    def store_failure(self, sample_id: str, failure: Failure, token: str = "") -> StoreOutcome:
+        """Move a sample to the failed set with its reason, unless another worker holds it."""
         k = self.keys
-        return bool(
-            self._store_failure(
-                keys=[k.pending, k.failed, k.leases, k.lease_owner, k.counters],
-                args=[sample_id, failure.model_dump_json(), failure.kind],
-            )
+        outcome = self._store_failure(
+            keys=[k.pending, k.failed, k.leases, k.lease_owner, k.counters],
+            args=[sample_id, failure.model_dump_json(), failure.kind, token],
         )
+        return _STORE_OUTCOMES[int(outcome)]
 
     def incr(self, counter: str, amount: int = 1) -> None:
         """Bump a run counter (retries, errors by class, wasted tokens)."""
@@ -324,19 +350,20 @@ def _describe_diff(stored: GenParams, wanted: GenParams) -> str:
 
 
 def connect(url: str, sentinel_master: str | None = None) -> redis.Redis:
-    """A Redis client that returns str and fails fast when the server is down.
+    """A Redis client that returns str and fails fast when the server is down or stalls.
 
     ``redis://`` and ``rediss://`` URLs (user, password, db, TLS ``ssl_*`` options) go to
     redis-py as they are; ``sentinel://`` asks the sentinels where ``sentinel_master`` is.
+    Every command has a deadline (``SOCKET_TIMEOUT_S``): a half-open connection must not block
+    a lease renewal while the process keeps generating under a lease it can no longer prove.
     """
+    options = {
+        "decode_responses": True, "socket_connect_timeout": 5, "socket_timeout": SOCKET_TIMEOUT_S,
+        "health_check_interval": 30,
+    }  # fmt: skip
     if is_sentinel(url):
-        return sentinel_master_client(
-            url, sentinel_master, decode_responses=True, socket_connect_timeout=5,
-            health_check_interval=30,
-        )  # fmt: skip
-    return redis.Redis.from_url(
-        url, decode_responses=True, socket_connect_timeout=5, health_check_interval=30
-    )
+        return sentinel_master_client(url, sentinel_master, **options)
+    return redis.Redis.from_url(url, **options)
 
 
 class RunStores:

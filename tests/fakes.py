@@ -99,20 +99,26 @@ class FakeStore:
     def save_partial(self, sample_id: str, turns: list[TurnResult]) -> None:
         self.partial[sample_id] = list(turns)
 
-    def store_result(self, sample_id: str, record_json: str, completion_tokens: int) -> bool:
+    def store_result(
+        self, sample_id: str, record_json: str, completion_tokens: int, token: str = ""
+    ) -> str:
+        if self.leases.get(sample_id, token) != token:
+            return "lease_lost"
         if sample_id not in self.pending:
-            return False
+            return "duplicate"
         self.pending.discard(sample_id)
         self.results[sample_id] = record_json
         self.ready.append(sample_id)
-        return True
+        return "stored"
 
-    def store_failure(self, sample_id: str, failure: Failure) -> bool:
+    def store_failure(self, sample_id: str, failure: Failure, token: str = "") -> str:
+        if self.leases.get(sample_id, token) != token:
+            return "lease_lost"
         if sample_id not in self.pending:
-            return False
+            return "duplicate"
         self.pending.discard(sample_id)
         self.failed[sample_id] = failure
-        return True
+        return "stored"
 
     def incr(self, counter: str, amount: int = 1) -> None:
         self.counters[counter] = self.counters.get(counter, 0) + amount

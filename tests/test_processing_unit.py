@@ -105,3 +105,38 @@ def test_a_run_without_parameters_is_a_permanent_error():
     proc, _, _, _ = _processor(store, turn())
     with pytest.raises(errors.PermanentError):
         proc.process("r", "a")
+
+
+def test_a_second_message_for_a_sample_this_process_generates_is_acked_without_a_call():
+    store = FakeStore()
+    store.add(sample("a"))
+    proc, client, _, leases = _processor(store, turn())
+    assert leases.claim("r", "a")  # another thread of this process is generating it
+    assert proc.process("r", "a") == "skipped:here" and client.calls == []
+    leases.drop("r", "a")
+    assert proc.process("r", "a") == "done"
+
+
+def test_a_result_whose_lease_another_worker_took_is_refused_and_counted_wasted():
+    store = FakeStore()
+    store.add(sample("a"))
+    proc, _, observer, _ = _processor(store, turn())
+    real_acquire = store.acquire
+
+    def acquire_then_lose(sample_id, owner, ttl_s, retries=0):
+        outcome = real_acquire(sample_id, owner, ttl_s, retries)
+        store.leases[sample_id] = "the-new-holder"  # ours expired mid-generation
+        return outcome
+
+    store.acquire = acquire_then_lose
+    assert proc.process("r", "a") == "lease_lost"
+    assert "a" in store.pending and observer.events[-1] == ("finished", (7, False))
+
+
+def test_a_failure_is_not_stored_while_another_worker_holds_the_lease():
+    store = FakeStore()
+    store.add(sample("a"))
+    store.leases["a"] = "someone-else"
+    proc, _, _, _ = _processor(store)
+    proc.fail("r", "a", errors.ServerError("500"))
+    assert store.failed == {} and "a" in store.pending

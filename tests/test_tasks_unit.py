@@ -13,7 +13,7 @@ SETTINGS = Settings(max_retries=3, backoff_base=2, backoff_max=300)
 @pytest.mark.parametrize(
     "exc",
     [errors.ServerError("500"), errors.RateLimited("429"), errors.StallError("stall"),
-     errors.Disconnected("cut"), errors.ConnectError("refused"), errors.LeaseLost("lost")],
+     errors.Disconnected("cut"), errors.ConnectError("refused")],
 )  # fmt: skip
 def test_a_transient_error_is_retried_with_backoff_and_counted(exc):
     step = after_error(exc, retries=1, settings=SETTINGS)
@@ -43,3 +43,9 @@ def test_a_stopping_worker_hands_the_sample_back():
 
 def test_a_bug_is_not_ours_to_map_and_propagates():
     assert after_error(KeyError("x"), retries=0, settings=SETTINGS) is None
+
+
+def test_a_lost_lease_ends_the_task_quietly_even_on_the_last_retry():
+    for retries in (0, 3):
+        step = after_error(errors.LeaseLost("taken"), retries=retries, settings=SETTINGS)
+        assert (step.action, step.counts_as_retry) == ("drop", False)

@@ -117,8 +117,18 @@ class EndpointPool:
 
     # -- taking and giving back slots ----------------------------------------------------
     def _acquire(self, check: Check | None) -> Slot:
+        slot = self._slot(check)
         if self.limiter is not None:
-            self.limiter.wait_turn(check, self._stop)
+            # Paid once a slot is ours, not before: requests waiting for capacity must not
+            # pre-pay the rate and then leave together in a burst when an endpoint frees up.
+            try:
+                self.limiter.wait_turn(check, self._stop)
+            except BaseException:
+                self._release(slot)
+                raise
+        return slot
+
+    def _slot(self, check: Check | None) -> Slot:
         token = f"{self.owner}:{uuid.uuid4().hex[:12]}"
         deadline = time.monotonic() + self.settings.max_request_time
         pause = FIRST_PAUSE
@@ -288,13 +298,20 @@ class _MeteredClient(ChatClient):
     def complete(
         self, messages: Messages, params: GenParams, check: Check | None = None
     ) -> TurnResult:
-        """Generate one turn, then count its tokens."""
-        turn = super().complete(messages, params, check)
+        """Generate one turn, then count its tokens (those of an aborted stream too)."""
         try:
-            self._limiter.charge_tokens(turn.usage.prompt_tokens + turn.usage.completion_tokens)
-        except redis.RedisError as exc:  # the answer is good; losing one charge is the lesser harm
-            log.warning("tokens/min not charged: %s", exc)
+            turn = super().complete(messages, params, check)
+        except errors.GenerationError as exc:
+            self._charge(exc.tokens_streamed)  # the server spent them: the budget did too
+            raise
+        self._charge(turn.usage.prompt_tokens + turn.usage.completion_tokens)
         return turn
+
+    def _charge(self, tokens: int) -> None:
+        try:
+            self._limiter.charge_tokens(tokens)
+        except redis.RedisError as exc:  # losing one charge is the lesser harm
+            log.warning("tokens/min not charged: %s", exc)
 
 
 def _limiter(settings: Settings, client: redis.Redis) -> RateLimiter | None:

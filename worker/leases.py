@@ -26,8 +26,9 @@ class LeaseKeeper:
     def __init__(self, store: Callable[[str], RunStore], ttl_s: float) -> None:
         self.store = store
         self.ttl_s = ttl_s
-        # A token per generation, not per process: a duplicate message taken by another
-        # thread of this process must not share a lease.
+        # One generation per sample per process (``claim``), so (run, id) names it; its
+        # lease token is its own, never shared with another thread.
+        self._claimed: set[tuple[str, str]] = set()
         self._held: dict[tuple[str, str], tuple[str, threading.Event]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -43,17 +44,26 @@ class LeaseKeeper:
         """Stop renewing; leases still held expire after their TTL."""
         self._stop.set()
 
+    def claim(self, run: str, sample_id: str) -> bool:
+        """Reserve a sample for one generation in this process; False if one already runs."""
+        with self._lock:
+            if (run, sample_id) in self._claimed:
+                return False
+            self._claimed.add((run, sample_id))
+            return True
+
     def hold(self, run: str, sample_id: str, token: str) -> threading.Event:
-        """Register a generation under its lease token; returns its cancel event."""
+        """Register a claimed generation's lease token; returns its cancel event."""
         event = threading.Event()
         with self._lock:
             self._held[(run, sample_id)] = (token, event)
         return event
 
     def drop(self, run: str, sample_id: str) -> None:
-        """The generation ended: stop renewing its lease."""
+        """The claimed generation ended: stop renewing its lease, free the claim."""
         with self._lock:
             self._held.pop((run, sample_id), None)
+            self._claimed.discard((run, sample_id))
 
     def count(self) -> int:
         """Generations running now."""

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+import redis
+
 from common import errors
 from common.logs import secrets_of
 from common.models import Failure, GenParams, Sample, TurnResult
@@ -87,35 +89,50 @@ class SampleProcessor:
 
         ``retries``: how often this message was retried (told apart from redeliveries).
         """
-        store = self.store(run)
+        if not self.leases.claim(run, sample_id):
+            # A second message for a sample this very process is generating (redelivered
+            # while it streams): one generation per process, the other one is acked.
+            return "skipped:here"
+        try:
+            return self._under_lease(self.store(run), sample_id, retries)
+        finally:
+            self.leases.drop(run, sample_id)
+
+    def _under_lease(self, store: RunStore, sample_id: str, retries: int) -> str:
         token = f"{self.owner}:{uuid.uuid4().hex[:8]}"
         outcome = store.acquire(sample_id, token, self.settings.lease_ttl, retries)
         if outcome != "ok":
-            log.debug("skip %s/%s: %s", run, sample_id, outcome)
+            log.debug("skip %s/%s: %s", store.run, sample_id, outcome)
             return f"skipped:{outcome}"
-        cancelled = self.leases.hold(run, sample_id, token)
+        cancelled = self.leases.hold(store.run, sample_id, token)
         try:
-            return self._generate(store, sample_id, cancelled)
+            return self._generate(store, sample_id, token, cancelled)
         finally:
-            self.leases.drop(run, sample_id)
             store.release(sample_id, token)
 
     def fail(self, run: str, sample_id: str, exc: errors.GenerationError) -> None:
-        """Record a sample as failed, with the error's class and message."""
+        """Record a sample as failed, with the error's class and message.
+
+        Refused while another worker holds the sample's lease: that one may yet succeed.
+        """
         store = self.store(run)
         # The reason is kept in Redis and shown by `status`; a server may quote the key back.
         message = redact(str(exc), secrets_of(self.settings))[:1000]
         failure = Failure(
             kind=exc.kind, message=message, attempts=store.attempts(sample_id), at=time.time()
         )
-        store.store_failure(sample_id, failure)
+        if store.store_failure(sample_id, failure) == "lease_lost":
+            log.info("not failing %s/%s: another worker is generating it", run, sample_id)
+            return
         log.warning("failed %s/%s: %s", run, sample_id, failure.message)
 
     def count_retry(self, run: str) -> None:
         """A transient failure will be retried after its backoff."""
         self.store(run).incr("retries")
 
-    def _generate(self, store: RunStore, sample_id: str, cancelled: threading.Event) -> str:
+    def _generate(
+        self, store: RunStore, sample_id: str, token: str, cancelled: threading.Event
+    ) -> str:
         sample = store.load_sample(sample_id)
         if sample is None:
             raise errors.PermanentError(f"sample {sample_id} has no stored prompt")
@@ -126,7 +143,7 @@ class SampleProcessor:
             call=lambda messages: self._call(store.run, messages, params, check),
             save=lambda done: store.save_partial(sample_id, done),
         )  # fmt: skip
-        return self._finish(store, sample, params, turns)
+        return self._finish(store, sample, params, turns, token)
 
     def _checker(self, sample_id: str, cancelled: threading.Event) -> Check:
         def check() -> None:
@@ -148,16 +165,31 @@ class SampleProcessor:
         return turn
 
     def _finish(
-        self, store: RunStore, sample: Sample, params: GenParams, turns: list[TurnResult]
-    ) -> str:
+        self, store: RunStore, sample: Sample, params: GenParams, turns: list[TurnResult],
+        token: str,
+    ) -> str:  # fmt: skip
         record = build_record(store.run, sample, params, turns, store.attempts(sample.id))
         tokens = sum(t.usage.completion_tokens for t in turns)
-        stored = store.store_result(sample.id, record.to_json(), tokens)
-        self.observer.finished(store.run, tokens, kept=stored)
-        outcome = "done" if stored else "duplicate"
+        outcome = self._store(store, sample.id, record.to_json(), tokens, token)
+        self.observer.finished(store.run, tokens, kept=outcome == "stored")
         log.debug(
             "sample run=%s id=%s outcome=%s turns=%d tokens=%d attempts=%d latency_s=%.2f",
             store.run, sample.id, outcome, len(turns), tokens, record.generation.attempts,
             record.generation.latency_s,
         )  # fmt: skip
-        return outcome
+        return "done" if outcome == "stored" else outcome
+
+    def _store(self, store: RunStore, sample_id: str, record: str, tokens: int, token: str) -> str:
+        # A finished answer is worth minutes of GPU time: a Redis blip at this point is waited
+        # out (the lease is still renewed meanwhile) rather than answered by regenerating.
+        deadline = time.monotonic() + self.settings.store_retry_s
+        pause = 0.5
+        while True:
+            try:
+                return store.store_result(sample_id, record, tokens, token)
+            except redis.RedisError as exc:
+                if time.monotonic() + pause > deadline:
+                    raise
+                log.warning("storing %s/%s failed (%s); trying again", store.run, sample_id, exc)
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)

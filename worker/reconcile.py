@@ -79,13 +79,20 @@ class Reconciler:
 
     def run_once(self, runs: list[str] | None = None) -> list[RunReport]:
         """One pass; returns a report per run that has pending work or a fix."""
-        names = runs or RunStore.known_runs(self.r, self.settings.key_prefix)
+        names = [r for r in runs or RunStore.known_runs(self.r, self.settings.key_prefix)
+                 if self._serves(r)]  # fmt: skip
         refs = self._message_refs()
         reports = [self._reconcile(name, refs.get(name, [])) for name in names]
         for report in reports:
             if report.fixed or report.expired_leases:
                 log.warning("reconciled %s", report.line())
         return reports
+
+    def _serves(self, run: str) -> bool:
+        # Only our queue's runs: we see only our queue's messages, and what we re-publish goes
+        # to our queue, whose workers may use other endpoints and another model.
+        queue = RunStore(self.r, self.settings.key_prefix, run).queue()
+        return (queue or Settings.model_fields["queue"].default) == self.settings.queue
 
     def _message_refs(self) -> dict[str, list[MessageRef]]:
         by_run: dict[str, list[MessageRef]] = defaultdict(list)

@@ -33,9 +33,9 @@ class Processor(Protocol):
 
 @dataclass(frozen=True)
 class Next:
-    """What the task does after an error: hand the sample back, retry it later, or fail it."""
+    """After an error: hand the sample back, retry it later, fail it, or drop the message."""
 
-    action: Literal["hand_back", "retry", "fail"]
+    action: Literal["hand_back", "retry", "fail", "drop"]
     countdown: float = 0.0
     counts_as_retry: bool = False
 
@@ -44,6 +44,8 @@ def after_error(exc: BaseException, retries: int, settings: Settings) -> Next | 
     """The task's answer to ``exc`` on its ``retries``-th retry; None: not ours, re-raise."""
     if isinstance(exc, errors.HandedBack):
         return Next("hand_back")
+    if isinstance(exc, errors.LeaseLost):
+        return Next("drop")  # another worker has the sample now: not a failure, not a retry
     if isinstance(exc, redis.RedisError):
         return Next("retry", REDIS_RETRY_S)
     if isinstance(exc, errors.PermanentError):
@@ -81,6 +83,8 @@ def _follow(
     if step.action == "hand_back":
         hand_back(run, [sample_id])
         return "handed-back"
+    if step.action == "drop":
+        return "lease-lost"
     if step.action == "fail":
         assert isinstance(exc, errors.GenerationError)
         work.fail(run, sample_id, exc)

@@ -47,8 +47,8 @@ def test_an_expired_lease_can_be_taken_over_and_the_old_holder_learns_it(store):
 def test_a_result_is_stored_once_and_ends_the_lease(store):
     store.accept([_sample(1)])
     store.acquire("s1", "a", 30)
-    assert store.store_result("s1", '{"id": "s1"}', 7) is True
-    assert store.store_result("s1", '{"id": "s1"}', 7) is False
+    assert store.store_result("s1", '{"id": "s1"}', 7, "a") == "stored"
+    assert store.store_result("s1", '{"id": "s1"}', 7, "a") == "duplicate"
     assert store.acquire("s1", "b", 30) == "done"
     counts = store.counts()
     assert (counts.done, counts.pending, counts.in_flight, counts.completion_tokens) == (1, 0, 0, 7)
@@ -114,3 +114,26 @@ def test_results_missing_from_the_ready_list_are_found(store):
     lock = store.collector_lock(10)
     assert lock.hold()
     assert store.requeue_result("s1") and store.take_ready(lock.token, 5) == ["s1"]
+
+
+def test_a_live_lease_reaped_after_a_long_outage_is_taken_back_by_its_holder(store):
+    store.accept([_sample(1), _sample(2)])
+    store.acquire("s1", "alive", 0.05)
+    store.acquire("s2", "alive", 30)
+    time.sleep(0.1)  # Redis unreachable longer than the lease: it looks expired
+    assert store.reap_expired_leases() == ["s1"]  # the reconciler got there first
+    assert store.renew([("s1", "alive"), ("s2", "alive")], 30) == []  # not lost: taken back
+    assert store.leased_ids() == {"s1", "s2"}
+    assert store.acquire("s1", "other", 30) == "leased"
+
+
+def test_a_lease_another_worker_holds_is_lost_and_its_result_and_failure_refused(store):
+    store.accept([_sample(1)])
+    store.acquire("s1", "old", 0.05)
+    time.sleep(0.1)
+    assert store.acquire("s1", "new", 30) == "ok"
+    assert store.renew([("s1", "old")], 30) == ["s1"]
+    assert store.store_result("s1", "{}", 5, "old") == "lease_lost"
+    failure = Failure(kind="5xx", message="late", attempts=1, at=0.0)
+    assert store.store_failure("s1", failure, "") == "lease_lost"
+    assert store.counts().pending == 1 and store.store_result("s1", "{}", 5, "new") == "stored"
