@@ -106,7 +106,8 @@ flower: install redis
 
 # make up for real: a docker engine (Debian's, installed and started where none is), base
 # images (built from Debian packages where the registry is unreachable), then the stack's
-# checks in tests/compose (~N min on 2 cores). Stops the engine again if it started it.
+# checks in tests/compose (about 3 min on 2 cores from a clean machine). Stops the engine
+# again if it started it.
 test-compose: install-dev
 	scripts/test_compose.sh
 
