@@ -47,9 +47,9 @@ SETTINGS = {
 }
 # What the caller's environment must not bring in: the stack reads its .env and nothing else.
 FOREIGN = ("EAGLEGEN_", "REDIS_", "FLOWER_", "COMPOSE_", "PYTHON_IMAGE", "PIP_INDEX_URL")
-COPIED = ("Makefile", "Dockerfile", ".dockerignore", "docker-compose.yml", "pyproject.toml",
-          "README.md", "common", "producer", "worker", "collector", "simulator", "training",
-          "cli", "data")  # fmt: skip
+# The repository minus what is the developer's own (or big, or irrelevant to the image).
+NOT_COPIED = (".git", ".venv", "out", ".env", "tls", ".eaglegen", "bench", "__pycache__",
+              ".*_cache", "*.egg-info")  # fmt: skip
 
 
 class Stack:
@@ -146,13 +146,7 @@ def write_env(root: Path, project: str, redis_port: int, flower_port: int, auth:
 def stack(tmp_path: Path) -> Iterator[Stack]:
     require_docker()
     root = tmp_path / "eaglegen"
-    root.mkdir()
-    for name in COPIED:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, root / name)
+    shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns(*NOT_COPIED))
     project = os.environ.get("EAGLEGEN_COMPOSE_PROJECT") or f"egtest{secrets.token_hex(4)}"
     auth = f"admin:{secrets.token_hex(8)}"
     flower_port = free_port()
