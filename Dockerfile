@@ -1,8 +1,11 @@
 # EagleGen image for every role: worker, collector, producer, Flower, simulator.
 # Core only: no torch, no [train] extra (tokenization runs elsewhere, see training/).
-# Pinned base; pin it by digest too (FROM python:3.11.11-slim-bookworm@sha256:…) where your
-# registry policy asks for it.
-FROM python:3.11.11-slim-bookworm
+# Pinned base; pin it by digest too (python:3.11.11-slim-bookworm@sha256:…) where your
+# registry policy asks for it. PYTHON_IMAGE: the same from an internal registry, or a base
+# built without one (docs/deployment.md, "Without Docker Hub"); PIP_INDEX_URL: a PyPI mirror.
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+FROM ${PYTHON_IMAGE}
+ARG PIP_INDEX_URL=https://pypi.org/simple
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

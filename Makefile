@@ -6,10 +6,15 @@ BIN := $(VENV)/bin
 WORKERS ?= 2
 # EAGLEGEN_REDIS_URL is not set here: it comes from the environment or .env (a default here
 # would override the .env of a worker-only host).
+# Compose v2 (the `docker compose` plugin) where installed, else v1 (`docker-compose`, the
+# only one Debian packages); DOCKER_COMPOSE="docker-compose" picks one by hand.
+DOCKER_COMPOSE ?= $(shell if docker compose version >/dev/null 2>&1; then echo docker compose; \
+	elif command -v docker-compose >/dev/null 2>&1; then echo docker-compose; fi)
+COMPOSE_BIN = $(or $(DOCKER_COMPOSE),$(error neither `docker compose` nor `docker-compose` is installed (docs/deployment.md)))
 # The docker stack; TLS=1 adds docker-compose.tls.yml (Redis speaks TLS only).
-COMPOSE := docker compose -f docker-compose.yml $(if $(filter 1,$(TLS)),-f docker-compose.tls.yml)
+COMPOSE = $(COMPOSE_BIN) -f docker-compose.yml $(if $(filter 1,$(TLS)),-f docker-compose.tls.yml)
 
-.PHONY: chaos help install install-dev demo test test-unit test-vllm test-trainers lint format bench up down logs ps enqueue worker-host worker collector flower redis clean
+.PHONY: test-compose chaos help install install-dev demo test test-unit test-vllm test-trainers lint format bench up down logs ps enqueue worker-host worker collector flower redis clean
 
 help:
 	@echo "make demo      run the bundled prompts end to end (simulator, worker, collector)"
@@ -19,6 +24,7 @@ help:
 	@echo "make lint      ruff + mypy"
 	@echo "make bench     capacity benchmarks vs a baseline script (a few minutes)"
 	@echo "make up/down   docker compose stack (WORKERS=N, TLS=1); make logs, make ps"
+	@echo "make test-compose  the stack for real on a docker engine (installs one if root)"
 	@echo "make worker    a worker from .venv; make worker-host: docker workers on another host"
 
 $(VENV)/.installed-core: pyproject.toml
@@ -78,13 +84,14 @@ worker: install redis
 collector: install redis
 	$(BIN)/eaglegen collect --out out/$${EAGLEGEN_RUN:-default}.jsonl
 
-# The collector writes ./out as the calling user (its uid/gid), not as the image's user.
+# The collector writes ./out as the directory's owner: created here, that is the caller.
 up:
-	mkdir -p out
-	EAGLEGEN_UID=$$(id -u) EAGLEGEN_GID=$$(id -g) $(COMPOSE) up -d --build --scale worker=$(WORKERS)
+	mkdir -p $${EAGLEGEN_OUT_DIR:-out}
+	$(COMPOSE) up -d --build --scale worker=$(WORKERS)
 
+# make down ARGS=-v also deletes the Redis volume: every queued sample and unwritten result.
 down:
-	$(COMPOSE) down
+	$(COMPOSE) down $(ARGS)
 
 logs:
 	$(COMPOSE) logs -f --tail=100
@@ -98,12 +105,19 @@ enqueue:
 
 # Workers only, on another host, against the main host's Redis (EAGLEGEN_REDIS_URL in .env).
 worker-host:
-	docker compose -f docker-compose.worker.yml up -d --build --scale worker=$(WORKERS)
+	$(COMPOSE_BIN) -f docker-compose.worker.yml up -d --build --scale worker=$(WORKERS)
 
 # Flower from the same app config as the workers; FLOWER_BASIC_AUTH=user:password required.
 flower: install redis
 	@test -n "$$FLOWER_BASIC_AUTH" || { echo "set FLOWER_BASIC_AUTH=user:password"; exit 2; }
 	$(BIN)/celery -A worker.celery_app flower --address=127.0.0.1 --port=$${FLOWER_PORT:-5555}
+
+# make up for real: a docker engine (Debian's, installed and started where none is), base
+# images (built from Debian packages where the registry is unreachable), then the stack's
+# checks in tests/compose (about 3 min on 2 cores from a clean machine). Stops the engine
+# again if it started it.
+test-compose: install-dev
+	scripts/test_compose.sh
 
 chaos: install-dev
 	$(PY) scripts/chaos.py

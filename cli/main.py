@@ -88,6 +88,8 @@ def worker(
 
     settings = load_settings(concurrency=concurrency)
     setup_logging(settings, loglevel.upper())
+    if "endpoints" not in settings.model_fields_set:  # nothing configured: say where it goes
+        console.print(f"EAGLEGEN_ENDPOINTS is not set: using the default {settings.endpoints[0]}")
     open_store(settings)  # fail fast with a clear line if Redis is down
     celery = create_app(settings)
     celery.worker_main(

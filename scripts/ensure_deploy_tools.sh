@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tools the deployment tests (tests/deploy) need: openssl and redis-server (TLS, ACL,
 # Sentinel) and a compose validator. No docker engine is needed: the standalone
-# docker-compose (Debian's package) validates the compose files without one.
+# docker-compose (Debian's package) validates the compose files without one. The engine is
+# make test-compose's business (scripts/test_compose.sh).
 set -euo pipefail
 missing=()
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)

@@ -1,8 +1,8 @@
 """The compose files: valid for docker compose, and safe and scalable as written.
 
-No docker engine runs here, so the stack is never started: `docker compose config` (or the
-standalone docker-compose) validates the files, and the YAML itself is checked for what a
-review would look for.
+`docker compose config` (or the standalone docker-compose) validates the files and resolves
+what each container gets, and the YAML itself is checked for what a review would look for.
+The stack itself runs in tests/compose (make test-compose).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from common.settings import Settings
 from tests.deploy.conftest import ROOT
 
 MAIN, TLS, WORKER = "docker-compose.yml", "docker-compose.tls.yml", "docker-compose.worker.yml"
@@ -61,7 +62,8 @@ def compose_command() -> list[str]:
 def compose_config(
     files: list[str], env: dict[str, str], tmp: Path
 ) -> subprocess.CompletedProcess[str]:
-    env_file = tmp / "test.env"  # never the developer's own .env
+    env_file = tmp / "test.env"  # never the developer's own .env, for ${} and env_file alike
+    env = {**env, "EAGLEGEN_ENV_FILE": str(env_file)}
     env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     args = [*compose_command(), "--env-file", str(env_file)]
     for name in files:
@@ -151,21 +153,113 @@ def test_flower_runs_from_the_workers_app_config_behind_basic_auth():
     flower = services["flower"]
     assert flower["entrypoint"] == ["celery", "-A", "worker.celery_app", "flower"]
     assert ":?" in flower["environment"]["FLOWER_BASIC_AUTH"]
-    broker = ("EAGLEGEN_REDIS_URL", "EAGLEGEN_MAX_REQUEST_TIME", "EAGLEGEN_BACKOFF_MAX",
-              "EAGLEGEN_VISIBILITY_TIMEOUT")  # fmt: skip
     for name in ("worker", "collector", "producer"):
-        for key in broker:
-            assert services[name]["environment"][key] == flower["environment"][key], (name, key)
+        spec = services[name]
+        assert spec["env_file"] == flower["env_file"], name  # visibility timeout and the rest
+        assert (
+            spec["environment"]["EAGLEGEN_REDIS_URL"] == flower["environment"]["EAGLEGEN_REDIS_URL"]
+        )
 
 
-def test_only_the_workers_get_the_api_key():
-    services = load(MAIN)["services"]
-    holders = {
-        name
-        for name, spec in services.items()
-        if "EAGLEGEN_API_KEY" in (spec.get("environment") or {})
-    }
-    assert holders == {"worker"}
+# A setting of each kind, as .env spells it, and what Settings() makes of it.
+KINDS = {
+    "EAGLEGEN_MAX_RETRIES": ("7", "max_retries", 7),
+    "EAGLEGEN_STALL_TIMEOUT": ("240.5", "stall_timeout", 240.5),
+    "EAGLEGEN_ADAPTIVE": ("true", "adaptive", True),
+    "EAGLEGEN_RPM": ("600", "rpm", 600),
+    "EAGLEGEN_ENDPOINT_CAPS": ("http://g:8000/v1=32", "endpoint_caps", {"http://g:8000/v1": 32}),
+    "EAGLEGEN_METRICS_PORT": ("9100", "metrics_port", 9100),
+    "EAGLEGEN_VISIBILITY_TIMEOUT": ("5000", "visibility_timeout", 5000),
+}
+ENDPOINTS = "http://g1:8000/v1,http://g2:8000/v1"
+
+
+def resolved(files: list[str], env: dict[str, str], tmp: Path) -> dict[str, Any]:
+    result = compose_config(files, env, tmp)
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)["services"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("files", [[MAIN], [WORKER]], ids=["main", "worker"])
+def test_every_setting_in_env_reaches_the_containers_that_use_it(files: list[str], tmp_path: Path):
+    env = {**TEST_ENV, "EAGLEGEN_ENDPOINTS": ENDPOINTS,
+           **{name: value for name, (value, _, _) in KINDS.items()}}  # fmt: skip
+    services = resolved(files, env, tmp_path)
+    for name in {"worker", "collector", "flower", "producer"} & set(services):
+        container_env = {k: str(v) for k, v in services[name]["environment"].items()}
+        settings = Settings(_env_file=None, **_as_fields(container_env))
+        for var, (_, field, expected) in KINDS.items():
+            assert getattr(settings, field) == expected, (name, var)
+    assert Settings(**_as_fields(services["worker"]["environment"])).endpoints == ENDPOINTS.split(
+        ","
+    )
+
+
+def _as_fields(env: dict[str, Any]) -> dict[str, Any]:
+    """A container's EAGLEGEN_* environment as Settings keywords (empty means unset)."""
+    fields = {k.removeprefix("EAGLEGEN_").lower(): str(v) for k, v in env.items()}
+    return {k: v for k, v in fields.items() if k in Settings.model_fields and v != ""}
+
+
+def test_only_the_workers_get_the_api_key_and_only_flower_its_password(tmp_path: Path):
+    services = resolved([MAIN], {**TEST_ENV, "EAGLEGEN_API_KEY": "sk-compose-test"}, tmp_path)
+    for name, spec in services.items():
+        env = spec.get("environment") or {}
+        assert (env.get("EAGLEGEN_API_KEY") == "sk-compose-test") == (name == "worker"), name
+        auth = env.get("FLOWER_BASIC_AUTH") == TEST_ENV["FLOWER_BASIC_AUTH"]
+        assert auth == (name == "flower"), name
+
+
+def test_workers_need_endpoints_set_no_silent_simulator_default(tmp_path: Path):
+    env = {k: v for k, v in TEST_ENV.items() if k != "EAGLEGEN_ENDPOINTS"}
+    result = compose_config([MAIN], env, tmp_path)
+    assert result.returncode != 0 and "set EAGLEGEN_ENDPOINTS in .env" in result.stderr
+    assert "simulator" not in str(load(MAIN)["services"]["worker"]["environment"]).split(":?")[0]
+
+
+def test_env_example_runs_the_demo_as_it_is(tmp_path: Path):
+    example = (ROOT / ".env.example").read_text()
+    env = dict(line.split("=", 1) for line in example.splitlines() if line and line[0] != "#")
+    assert (
+        env["COMPOSE_PROFILES"] == "demo"
+        and env["EAGLEGEN_ENDPOINTS"] == "http://simulator:8000/v1"
+    )
+    filled = {**env, "REDIS_PASSWORD": "pw", "FLOWER_BASIC_AUTH": "a:b"}
+    assert "simulator" in resolved([MAIN], filled, tmp_path)
+    # docker-compose v1 keeps a trailing comment or quotes as part of the value.
+    for line in example.splitlines():
+        value = line.lstrip("# ").partition("=")[2] if re.match(r"#? ?[A-Z_]+=", line) else ""
+        assert " #" not in value and not value.startswith(("'", '"')), line
+
+
+def test_workers_reach_a_vllm_on_their_own_host_by_name():
+    for name in (MAIN, WORKER):
+        assert (
+            "host.docker.internal:host-gateway" in load(name)["services"]["worker"]["extra_hosts"]
+        )
+
+
+def test_the_collector_does_not_depend_on_the_callers_ids(tmp_path: Path):
+    """`make up` and a plain `docker compose up --scale` give the collector the same config."""
+    plain = resolved([MAIN], TEST_ENV, tmp_path)["collector"]
+    ids = {**TEST_ENV, "EAGLEGEN_UID": "1000", "EAGLEGEN_GID": "1000"}
+    with_ids = resolved([MAIN], ids, tmp_path)["collector"]
+    for key in ("EAGLEGEN_UID", "EAGLEGEN_GID"):  # in .env they reach the container, unused
+        del with_ids["environment"][key]
+    assert with_ids == plain and plain["user"] == "0:0"
+    assert "setpriv" in " ".join(plain["entrypoint"])  # it drops to ./out's owner at start
+
+
+def test_base_images_are_build_args_defaulting_to_the_pinned_ones():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    default = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", dockerfile, re.M)
+    assert default and "FROM ${PYTHON_IMAGE}" in dockerfile
+    for name in (MAIN, WORKER):
+        for service, spec in load(name)["services"].items():
+            if "build" in spec:
+                args = spec["build"]["args"]
+                assert args["PYTHON_IMAGE"] == f"${{PYTHON_IMAGE:-{default[1]}}}", (name, service)
+    assert load(MAIN)["services"]["redis"]["image"] == "${REDIS_IMAGE:-redis:7.2.7-alpine}"
 
 
 def test_the_collector_writes_to_a_mounted_directory():
@@ -181,9 +275,20 @@ def test_the_producer_and_the_simulator_start_only_with_their_profiles():
     assert services["simulator"]["profiles"] == ["demo"]
 
 
-def test_make_up_scales_the_workers():
+def make_dry_run(*args: str) -> str:
     make = shutil.which("make")
     if make is None:
         pytest.skip("make is not installed")
-    dry = subprocess.run([make, "-n", "up", "WORKERS=4"], cwd=ROOT, capture_output=True, text=True)
-    assert "up -d --build --scale worker=4" in dry.stdout, dry.stdout + dry.stderr
+    dry = subprocess.run([make, "-n", *args], cwd=ROOT, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    return dry.stdout
+
+
+def test_make_up_scales_the_workers():
+    assert "up -d --build --scale worker=4" in make_dry_run("up", "WORKERS=4", "DOCKER_COMPOSE=x")
+
+
+@pytest.mark.parametrize("compose", ["docker compose", "docker-compose"])
+def test_make_runs_compose_v2_or_v1_worker_host_too(compose: str):
+    for target in ("up", "down", "worker-host", "enqueue"):
+        assert f"{compose} -f docker-compose" in make_dry_run(target, f"DOCKER_COMPOSE={compose}")
