@@ -19,9 +19,11 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from simulator.admission import Slots
 from simulator.answers import expected_answer, prompt_key
 from simulator.config import SimConfig
-from simulator.server import SimServer, Slots, answer_pieces, batch_pieces, create_server
+from simulator.jobs import answer_pieces, batch_pieces
+from simulator.server import SimServer, create_server
 
 MODEL = "eaglegen-sim"
 
