@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.integration.conftest import Stack, wait_for
+from tests.harness import wait_for
+from tests.stack import Stack
 
 
 class _BadEndpoint(BaseHTTPRequestHandler):
