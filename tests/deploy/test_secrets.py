@@ -62,6 +62,7 @@ def echo_endpoint() -> Iterator[str]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/v1"
     server.shutdown()
+    server.server_close()
 
 
 def start_flower(procs: Procs, env: dict[str, str]) -> str:
