@@ -178,12 +178,13 @@ class Procs:
 
     def _ended(self, proc: Child, deadline: float) -> bool:
         """Whether ``proc`` (and, with ``own_group``, all of its group) ended by ``deadline``."""
-        while time.monotonic() < deadline:
+        while True:
             proc.poll()  # reap: a zombie leader still counts as a member of its group
             if proc.returncode is not None and not (self.own_group and _group_alive(proc)):
                 return True
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.05)
-        return False
 
     @staticmethod
     def _signal(proc: Child, sig: signal.Signals, group: bool) -> None:
