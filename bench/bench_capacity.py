@@ -38,23 +38,13 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from stack import (  # noqa: E402
-    CLIENT,
-    ROOT,
-    Row,
-    Sampler,
-    Simulator,
-    Stack,
-    cpu_seconds,
-    rss_mib,
-    wait_until,
-    write_prompts,
-)
+from stack import CLIENT, Row, Sampler, Stack, cpu_seconds, rss_mib, write_prompts  # noqa: E402
 
 from common.keys import endpoint_key  # noqa: E402
 from common.store import connect  # noqa: E402
 from simulator.answers import expected_answer  # noqa: E402
 from simulator.config import SimConfig  # noqa: E402
+from tests.harness import ROOT, Simulator, child_env, wait_for  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 # Answers of 20-80 tokens, no reasoning: varied lengths, and few enough tokens per second
@@ -103,7 +93,9 @@ def run_baseline(sim: Simulator, prompts: Path, concurrency: int, out: Path) -> 
         "--concurrency",
         str(concurrency),
     ]
-    done = subprocess.run(args, capture_output=True, text=True, check=True, timeout=900)
+    done = subprocess.run(
+        args, env=child_env(), capture_output=True, text=True, check=True, timeout=900
+    )
     return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
 
 
@@ -282,7 +274,7 @@ def _adaptive_run(
         started = time.monotonic()
         for fraction, slots in ((0.30, p.adaptive_slots[1]), (0.65, p.adaptive_slots[2])):
             target = int(p.samples * fraction)
-            wait_until(lambda t=target: store.counts().done >= t, 600, f"{target} samples done")
+            wait_for(lambda t=target: store.counts().done >= t, 600, f"{target} samples done")
             sim.configure(max_num_seqs=slots)
             changes.append(time.monotonic() - started)
         stack.wait_done("adaptive", 600)
@@ -381,12 +373,12 @@ def _rss_at(stack: Stack, sim: Simulator, work: Path, inflight: int) -> float:
     run = f"rss{inflight}"
     proc = stack.worker(inflight, EAGLEGEN_MAX_INFLIGHT="4096")
     stack.enqueue(run, write_prompts(work / f"{run}.jsonl", inflight, run))
-    wait_until(lambda: sim.stats()["running"] >= inflight, 180, f"{inflight} requests in flight")
+    wait_for(lambda: sim.stats()["running"] >= inflight, 180, f"{inflight} requests in flight")
     time.sleep(2)  # measure after a few tokens streamed, not at the instant of admission
     rss = rss_mib(proc.pid)
     proc.send_signal(signal.SIGKILL)  # abandoning the run is the point: nothing to finish
     proc.wait()
-    wait_until(lambda: sim.stats()["running"] == 0, 60, "aborted requests to end")
+    wait_for(lambda: sim.stats()["running"] == 0, 60, "aborted requests to end")
     return round(rss, 1)
 
 

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -18,44 +15,29 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import httpx
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from cli.enqueue_cmd import run_enqueue
+from common.models import GenParams
+from common.settings import Settings
+from common.store import RunStore, connect
+from tests.harness import (
+    Child,
+    Procs,
+    Simulator,
+    delete_keys,
+    start_simulator,
+    wait_for,
+)
+from worker.capacity import SlotTable
 
-from cli.enqueue_cmd import run_enqueue  # noqa: E402
-from common.models import GenParams  # noqa: E402
-from common.settings import Settings  # noqa: E402
-from common.store import RunStore, connect  # noqa: E402
-from worker.capacity import SlotTable  # noqa: E402
-
-CLI = [sys.executable, "-m", "cli.main"]
 # The simulator stands in for a GPU server, which has its own machine; here it shares two
 # cores with the clients, and a client that takes its CPU slows the "server" down. Every
 # client (EagleGen's processes and the baseline alike) therefore runs niced.
-CLIENT = ["nice", "-n", "10"]
+NICE = 10
+CLIENT = ["nice", "-n", str(NICE)]
 MODEL = "eaglegen-sim"
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(
-    predicate: Callable[[], bool], timeout: float, what: str, every: float = 0.1
-) -> None:
-    """Poll until ``predicate`` holds; raise after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(every)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def write_prompts(path: Path, n: int, tag: str) -> Path:
@@ -66,28 +48,6 @@ def write_prompts(path: Path, n: int, tag: str) -> Path:
                 json.dumps({"id": f"{tag}-{i}", "prompt": f"{tag} question {i}: why?"}) + "\n"
             )
     return path
-
-
-@dataclass
-class Simulator:
-    """One simulator process and its control endpoints."""
-
-    url: str
-    proc: subprocess.Popen[bytes]
-
-    @property
-    def endpoint(self) -> str:
-        """The OpenAI base URL."""
-        return f"{self.url}/v1"
-
-    def stats(self) -> dict[str, Any]:
-        """GET /sim/stats."""
-        body: dict[str, Any] = httpx.get(f"{self.url}/sim/stats", timeout=10).json()
-        return body
-
-    def configure(self, **change: Any) -> None:
-        """POST /sim/config (capacity or pacing, mid-run)."""
-        httpx.post(f"{self.url}/sim/config", json=change, timeout=10).raise_for_status()
 
 
 @dataclass(frozen=True)
@@ -142,7 +102,7 @@ class Stack:
         self.redis_url = redis_url
         self.prefix = f"bench-{name}-{tag}"
         self.queue = f"bench-{name}-{tag}"
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs = Procs(self.dir, grace=30, nice=NICE)
         self.env = {
             "EAGLEGEN_REDIS_URL": redis_url,
             "EAGLEGEN_KEY_PREFIX": self.prefix,
@@ -159,10 +119,7 @@ class Stack:
 
     def cleanup(self) -> None:
         """Delete this scenario's keys only: others may share the database."""
-        r = connect(self.redis_url)
-        for pattern in (f"{self.prefix}:*", f"{self.queue}*", f"_kombu.binding.{self.queue}*"):
-            for key in r.scan_iter(match=pattern, count=1000):
-                r.delete(key)
+        delete_keys(connect(self.redis_url), self.prefix, self.queue)
 
     def settings(self, run: str) -> Settings:
         """Settings as the scenario's processes see them, for ``run``."""
@@ -178,46 +135,18 @@ class Stack:
         """The store of one run of this scenario."""
         return RunStore(connect(self.redis_url), self.prefix, run)
 
-    def start(
-        self, name: str, args: list[str], env: dict[str, str], client: bool = True
-    ) -> subprocess.Popen[bytes]:
-        """Start a child process of the ``eaglegen`` command, logging to the scenario folder.
-
-        Clients run at a lower priority than the simulator (see ``CLIENT``).
-        """
-        log = (self.dir / f"{name}-{len(self.procs)}.log").open("wb")
-        full = {**os.environ, **self.env, **env, "PYTHONUNBUFFERED": "1"}
-        command = [*CLIENT, *CLI, *args] if client else [*CLI, *args]
-        proc = subprocess.Popen(command, cwd=ROOT, env=full, stdout=log, stderr=log)
-        self.procs.append(proc)
-        return proc
-
     def simulator(self, *options: str) -> Simulator:
-        """Start a simulator and wait until it answers."""
-        port = free_port()
-        args = ["simulate", "--port", str(port), *options]
-        proc = self.start("simulator", args, {}, client=False)
-        sim = Simulator(f"http://127.0.0.1:{port}", proc)
+        """Start a simulator (at normal priority) and wait until it answers."""
+        return start_simulator(self.procs, *options, timeout=60)
 
-        def up() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"simulator exited; see {self.dir}")
-            try:
-                return httpx.get(f"{sim.url}/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(up, 60, "the simulator")
-        return sim
-
-    def worker(self, concurrency: int, **env: str) -> subprocess.Popen[bytes]:
-        """Start a worker process."""
+    def worker(self, concurrency: int, **env: str) -> Child:
+        """Start a worker process (niced, as every client)."""
         args = ["worker", "--concurrency", str(concurrency), "--loglevel", "WARNING"]
-        return self.start("worker", args, env)
+        return self.procs.start("worker", args, {**self.env, **env})
 
-    def collector(self, run: str, out: Path) -> subprocess.Popen[bytes]:
-        """Start a collector for ``run``."""
-        return self.start("collector", ["collect", "--run", run, "--out", str(out)], {})
+    def collector(self, run: str, out: Path) -> Child:
+        """Start a collector for ``run`` (niced, as every client)."""
+        return self.procs.start("collector", ["collect", "--run", run, "--out", str(out)], self.env)
 
     def enqueue(self, run: str, source: Path) -> None:
         """Enqueue in this process (a CLI start-up would count against EagleGen's time)."""
@@ -260,7 +189,7 @@ class Stack:
                 raise RuntimeError(f"run {run} vanished: was the database flushed under us?")
             return counts.complete if written else counts.done + counts.failed == counts.total
 
-        wait_until(done, timeout, f"run {run} to complete", every=0.05)
+        wait_for(done, timeout, f"run {run} to complete", every=0.05)
 
     def warm_up(self, tmp: Path) -> None:
         """A few samples through the workers, so start-up costs stay out of the timings."""
@@ -268,28 +197,13 @@ class Stack:
         self.enqueue(run, write_prompts(tmp / f"{run}.jsonl", 4, run))
         self.wait_done(run, 120, written=False)
 
-    def stop(self, proc: subprocess.Popen[bytes]) -> None:
-        """SIGTERM one child and wait for it."""
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        self.procs.remove(proc)
+    def stop(self, proc: Child) -> None:
+        """SIGTERM one child and wait for it (SIGKILL after 30 s)."""
+        self.procs.stop(proc)
 
     def stop_all(self) -> None:
         """SIGTERM every child, SIGKILL the ones that linger."""
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.procs.clear()
+        self.procs.stop_all()
 
 
 def rss_mib(pid: int) -> float:

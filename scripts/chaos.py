@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,16 +27,10 @@ sys.path.insert(0, str(ROOT))
 
 from common.store import RunStore, connect  # noqa: E402
 from simulator.answers import prompt_key  # noqa: E402
+from tests.harness import Procs, free_port, start_redis, start_simulator  # noqa: E402
 
-CLI = [sys.executable, "-m", "cli.main"]
 RUN = "chaos"
 OVERLONG = 5
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -68,8 +59,7 @@ class Chaos:
         self.redis_port = free_port()
         self.sim_port = free_port()
         self.url = f"redis://127.0.0.1:{self.redis_port}/0"
-        self.env = {
-            **os.environ,
+        env = {
             "EAGLEGEN_REDIS_URL": self.url,
             "EAGLEGEN_RUN": RUN,
             "EAGLEGEN_QUEUE": "chaos",
@@ -81,9 +71,10 @@ class Chaos:
             "EAGLEGEN_BACKOFF_BASE": "0.2",
             "EAGLEGEN_BACKOFF_MAX": "2",
             "EAGLEGEN_SHUTDOWN_GRACE": "2",
-            "PYTHONUNBUFFERED": "1",
         }
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        # Own process groups: a SIGKILL takes whatever a child started, as a crash would.
+        self.procs = Procs(self.dir, env, grace=30, own_group=True)
+        self.roles: dict[str, subprocess.Popen[bytes]] = {}
         self.kills: list[Kill] = []
         self.rng = random.Random(args.seed)
         self.store: RunStore | None = None
@@ -93,80 +84,42 @@ class Chaos:
         print(f"chaos [{time.monotonic() - self.t0:6.1f} s] {text}", flush=True)
 
     # -- processes ---------------------------------------------------------------------
-    def start(self, name: str, command: list[str]) -> None:
-        log = (self.dir / f"{name.split('#')[0]}.log").open("ab")
-        self.procs[name] = subprocess.Popen(
-            command, cwd=ROOT, env=self.env, stdout=log, stderr=log, start_new_session=True
-        )
-
     def start_redis(self) -> None:
-        self.start("redis", [
-            "redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
-            "--dir", str(self.dir / "redis"), "--appendonly", "yes", "--appendfsync", "everysec",
+        self.roles["redis"] = start_redis(
+            self.procs, self.redis_port, self.dir / "redis",
+            "--appendonly", "yes", "--appendfsync", "everysec",
             "--maxmemory", "1gb", "--maxmemory-policy", "noeviction", "--save", "",
-        ])  # fmt: skip
-        self.wait(lambda: self._ping(), 20, "redis to answer")
-
-    def _ping(self) -> bool:
-        try:
-            return bool(connect(self.url).ping())
-        except Exception:
-            return False
+            timeout=20,
+        )  # fmt: skip
 
     def start_simulator(self) -> None:
         a = self.args
-        self.start("simulator", [
-            *CLI, "simulate", "--port", str(self.sim_port), "--time-per-token", str(a.tpt),
+        self.roles["simulator"] = start_simulator(
+            self.procs, "--time-per-token", str(a.tpt),
             "--max-num-seqs", "128", "--min-answer-tokens", "10", "--max-answer-tokens", "60",
             "--reasoning-tokens", "8", "--max-model-len", "600", "--p-500", "0.10",
             "--p-429", "0.05", "--p-stall", "0.03", "--p-disconnect", "0.02",
             "--seed", str(a.seed), "--log", str(self.dir / "sim-log.jsonl"),
-        ])  # fmt: skip
-        self.wait(lambda: self._port_open(self.sim_port), 30, "the simulator")
-
-    def _port_open(self, port: int) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return True
-        except OSError:
-            return False
+            port=self.sim_port,
+        ).proc  # fmt: skip
 
     def start_worker(self, i: int) -> None:
-        self.start(f"worker#{i}", [*CLI, "worker", "--concurrency", str(self.args.concurrency),
-                                   "--loglevel", "WARNING"])  # fmt: skip
+        args = ["worker", "--concurrency", str(self.args.concurrency), "--loglevel", "WARNING"]
+        self.roles[f"worker#{i}"] = self.procs.start("worker", args)
 
     def start_collector(self) -> None:
-        self.start("collector", [*CLI, "collect", "--out", str(self.dir / "out.jsonl")])
+        args = ["collect", "--out", str(self.dir / "out.jsonl")]
+        self.roles["collector"] = self.procs.start("collector", args)
 
     def kill(self, name: str) -> subprocess.Popen[bytes]:
-        proc = self.procs[name]
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        proc = self.roles[name]
+        self.procs.kill(proc)
         return proc
 
     def stop_all(self) -> None:
-        for name, proc in self.procs.items():
-            if proc.poll() is None and name != "redis":
-                os.killpg(proc.pid, signal.SIGTERM)
-        for name, proc in self.procs.items():
-            if name == "redis":
-                continue
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        redis_proc = self.procs["redis"]
-        redis_proc.terminate()
-        redis_proc.wait(timeout=30)
-
-    @staticmethod
-    def wait(predicate: Any, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.1)
-        raise SystemExit(f"chaos: timed out waiting for {what}")
+        """Every role, then Redis: stopping workers still hand their samples back to it."""
+        self.procs.stop(*[p for name, p in self.roles.items() if name != "redis"])
+        self.procs.stop(self.roles["redis"])
 
     # -- the run ---------------------------------------------------------------------------
     def prompts(self) -> Path:
@@ -186,8 +139,7 @@ class Chaos:
             self.start_worker(i)
         self.start_collector()
         started = time.monotonic()
-        command = [*CLI, "enqueue", str(self.prompts()), "--max-tokens", "200"]
-        enqueue = subprocess.run(command, cwd=ROOT, env=self.env, capture_output=True, text=True)
+        enqueue = self.procs.run(["enqueue", str(self.prompts()), "--max-tokens", "200"])
         self.say(enqueue.stdout.strip())
         complete = self.chaos_loop(started)
         elapsed = time.monotonic() - started
@@ -224,7 +176,7 @@ class Chaos:
 
     def kill_worker(self) -> None:
         i = self.rng.randrange(self.args.workers)
-        pid = self.procs[f"worker#{i}"].pid
+        pid = self.roles[f"worker#{i}"].pid
         held = self._held_by(pid)
         self.kill(f"worker#{i}")
         self.kills.append(Kill(f"worker#{i}", time.monotonic(), held, pid=pid))
@@ -304,8 +256,7 @@ class Chaos:
             },
         }  # fmt: skip
         store.r.close()
-        self.procs["redis"].terminate()
-        self.procs["redis"].wait(timeout=30)
+        self.procs.stop(self.roles["redis"])
         return result
 
     def _generations(self) -> Counter[str]:
@@ -354,9 +305,7 @@ def main() -> None:
     try:
         result = chaos.run()
     finally:
-        for proc in chaos.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+        chaos.procs.kill_all()
     (chaos.dir / "report.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     misses = verdict(result)

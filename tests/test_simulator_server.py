@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,11 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from simulator.admission import Slots
 from simulator.answers import expected_answer, prompt_key
 from simulator.config import SimConfig
-from simulator.server import SimServer, Slots, answer_pieces, batch_pieces, create_server
+from simulator.jobs import answer_pieces, batch_pieces
+from simulator.server import SimServer, create_server
 
 MODEL = "eaglegen-sim"
 
@@ -46,9 +48,13 @@ class Sim:
     url: str
     server: SimServer
     thread: threading.Thread
+    clients: list[openai.OpenAI] = field(default_factory=list)
 
     def client(self, **kwargs: Any) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="x", max_retries=0, **kwargs)
+        """An OpenAI client of this simulator, closed when the simulator stops."""
+        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="x", max_retries=0, **kwargs)
+        self.clients.append(client)
+        return client
 
     def stats(self) -> dict[str, Any]:
         return httpx.get(f"{self.url}/sim/stats").json()  # type: ignore[no-any-return]
@@ -93,6 +99,8 @@ def start_sim() -> Iterator[Callable[..., Sim]]:
     for sim in sims:
         if sim.thread.is_alive():
             sim.stop()
+        for client in sim.clients:
+            client.close()
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.conftest import ROOT, free_port
 from tests.deploy.test_compose import compose_command
+from tests.harness import ROOT, free_port
 
 pytestmark = pytest.mark.compose
 

@@ -7,7 +7,6 @@ The stack itself runs in tests/compose (make test-compose).
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -18,7 +17,8 @@ import pytest
 import yaml
 
 from common.settings import Settings
-from tests.deploy.conftest import ROOT
+from tests.harness import ROOT, child_env
+from tests.services import unavailable
 
 MAIN, TLS, WORKER = "docker-compose.yml", "docker-compose.tls.yml", "docker-compose.worker.yml"
 LONG_RUNNING = ("redis", "worker", "collector", "flower", "simulator")
@@ -52,11 +52,7 @@ def compose_command() -> list[str]:
     standalone = shutil.which("docker-compose")
     if standalone:
         return [standalone]
-    if os.environ.get("CI"):
-        pytest.fail(
-            "docker compose or docker-compose is needed in CI (scripts/ensure_deploy_tools.sh)"
-        )
-    pytest.skip("neither the docker compose plugin nor docker-compose is installed")
+    unavailable("neither the docker compose plugin nor docker-compose is installed")
 
 
 def compose_config(
@@ -68,10 +64,9 @@ def compose_config(
     args = [*compose_command(), "--env-file", str(env_file)]
     for name in files:
         args += ["-f", str(ROOT / name)]
-    clean = {
-        k: v for k, v in os.environ.items() if k not in TEST_ENV and not k.startswith("EAGLEGEN_")
-    }
-    return subprocess.run([*args, "config"], cwd=ROOT, env=clean, capture_output=True, text=True)
+    return subprocess.run(
+        [*args, "config"], cwd=ROOT, env=child_env(), capture_output=True, text=True
+    )
 
 
 @pytest.mark.parametrize("files", [[MAIN], [MAIN, TLS], [WORKER]], ids=["main", "tls", "worker"])

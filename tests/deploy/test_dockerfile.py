@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.conftest import ROOT, free_port
+from tests.harness import ROOT, child_env, free_port
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
@@ -97,7 +97,7 @@ def test_the_health_check_fails_when_redis_does_not_answer():
     (check,) = of("HEALTHCHECK")
     argv = json.loads(check.split("CMD", 1)[1])  # the exec form is a JSON list
     assert argv[:2] == ["python", "-c"]
-    env = {**os.environ, "EAGLEGEN_REDIS_URL": f"redis://127.0.0.1:{free_port()}/10"}
+    env = child_env({"EAGLEGEN_REDIS_URL": f"redis://127.0.0.1:{free_port()}/10"})
     down = subprocess.run([sys.executable, "-c", argv[2]], cwd=ROOT, env=env, capture_output=True)
     assert down.returncode != 0
 
@@ -106,7 +106,7 @@ def test_the_health_check_fails_when_redis_does_not_answer():
 def test_the_health_check_passes_when_redis_answers():
     (check,) = of("HEALTHCHECK")
     code = json.loads(check.split("CMD", 1)[1])[2]
-    env = {**os.environ, "EAGLEGEN_REDIS_URL": "redis://127.0.0.1:6379/10"}  # db 10: ours
+    env = child_env({"EAGLEGEN_REDIS_URL": "redis://127.0.0.1:6379/10"})  # db 10: ours
     up = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True)
     if up.returncode != 0 and os.environ.get("CI") is None and b"Connection refused" in up.stderr:
         pytest.skip("no Redis on 127.0.0.1:6379")

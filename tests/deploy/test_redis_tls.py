@@ -13,8 +13,10 @@ import redis
 
 from common.settings import Settings
 from common.store import connect
-from tests.deploy.conftest import ROOT, RedisServers, assert_not_in_logs, require_tool
-from tests.integration.conftest import Procs, Stack
+from tests.deploy.redis_servers import RedisServers, assert_not_in_logs
+from tests.harness import ROOT, Procs
+from tests.services import require_tool
+from tests.stack import Stack
 from worker.app import create_app
 
 pytestmark = pytest.mark.integration

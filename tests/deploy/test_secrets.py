@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -23,8 +22,9 @@ import pytest
 import redis
 
 from common.store import RunStore
-from tests.deploy.conftest import ROOT, RedisServers, free_port, wait_for
-from tests.integration.conftest import CLI, Procs, Stack
+from tests.deploy.redis_servers import RedisServers
+from tests.harness import CLI, Procs, child_env, free_port, wait_for
+from tests.stack import Stack
 
 pytestmark = pytest.mark.integration
 
@@ -62,25 +62,15 @@ def echo_endpoint() -> Iterator[str]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/v1"
     server.shutdown()
+    server.server_close()
 
 
-@pytest.fixture
-def flower(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for proc in started:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-def start_flower(env: dict[str, str], tmp: Path, started: list[subprocess.Popen[bytes]]) -> str:
+def start_flower(procs: Procs, env: dict[str, str]) -> str:
     """Flower as docker-compose.yml starts it: same app config, basic auth from the env."""
     port = free_port()
     args = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "flower",
             "--address=127.0.0.1", f"--port={port}"]  # fmt: skip
-    full = {**os.environ, **env, "FLOWER_BASIC_AUTH": ":".join(FLOWER_AUTH)}
-    log = (tmp / "flower.log").open("wb")
-    started.append(subprocess.Popen(args, cwd=ROOT, env=full, stdout=log, stderr=log))
+    procs.start_program("flower", args, {**env, "FLOWER_BASIC_AUTH": ":".join(FLOWER_AUTH)})
     return f"http://127.0.0.1:{port}"
 
 
@@ -91,10 +81,10 @@ def _answers(url: str) -> bool:
         return False
 
 
-def run_cli(commands: list[tuple[list[str], dict[str, str]]]) -> list[str]:
+def run_cli(commands: list[tuple[list[str], dict[str, str]]], cwd: Path) -> list[str]:
     """Run CLI commands side by side (each pays Python's start-up); their stdout + stderr."""
     running = [
-        subprocess.Popen([*CLI, *args], cwd=ROOT, env={**os.environ, **env},
+        subprocess.Popen([*CLI, *args], cwd=cwd, env=child_env(env),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for args, env in commands
     ]  # fmt: skip
@@ -169,7 +159,7 @@ def run_two_runs(stack: Stack, refused: dict[str, str], flower_url: str) -> dict
     source = stack.tmp / "p.jsonl"
     source.write_text("".join(json.dumps({"prompt": f"secret-free {i}"}) + "\n" for i in range(6)))
     outputs = run_cli([(["enqueue", str(source)], stack.env),
-                       (["enqueue", str(source), "--limit", "1"], refused)])  # fmt: skip
+                       (["enqueue", str(source), "--limit", "1"], refused)], stack.tmp)  # fmt: skip
     client = stack.store.r
     queued = [*queued_messages(client, stack.env["EAGLEGEN_QUEUE"]),
               *queued_messages(client, refused["EAGLEGEN_QUEUE"])]  # fmt: skip
@@ -196,7 +186,7 @@ def status_commands(stack: Stack, port: int) -> list[str]:
     outputs = run_cli([
         (["status", "--run", "refused"], stack.env), (["status", "--run", "nothing"], stack.env),
         (["status"], closed), (["status"], stranger),
-    ])  # fmt: skip
+    ], stack.tmp)  # fmt: skip
     assert "auth" in outputs[0]  # the failure's kind, next to its (redacted) reason
     assert "no run named 'nothing' in redis://:***@" in outputs[1]
     assert "cannot reach Redis at redis://:***@" in outputs[2]
@@ -219,15 +209,14 @@ def flower_answers(url: str) -> list[str]:
 
 
 def test_no_secret_reaches_logs_outputs_messages_flower_or_the_jsonl(
-    servers: RedisServers, procs: Procs, tmp_path: Path, echo_endpoint: str,
-    flower: list[subprocess.Popen[bytes]],
+    servers: RedisServers, procs: Procs, tmp_path: Path, echo_endpoint: str
 ):  # fmt: skip
     port = servers.start("--requirepass", PASSWORD)
     stack = Stack(procs, f"redis://:{PASSWORD}@127.0.0.1:{port}/0", tmp_path)
     stack.env["EAGLEGEN_API_KEY"] = API_KEY
     refused = {**stack.env, "EAGLEGEN_RUN": "refused", "EAGLEGEN_QUEUE": "q-refused",
                "EAGLEGEN_ENDPOINTS": echo_endpoint}  # fmt: skip
-    flower_url = start_flower(stack.env, tmp_path, flower)  # starts while the rest starts
+    flower_url = start_flower(procs, stack.env)  # starts while the rest starts
     stack.simulator("--time-per-token", "0.01")
     exposed = run_two_runs(stack, refused, flower_url)
     exposed["command output"] += status_commands(stack, port)
@@ -235,6 +224,6 @@ def test_no_secret_reaches_logs_outputs_messages_flower_or_the_jsonl(
     procs.stop_all()
     exposed["logs"] = [p.read_text() for p in tmp_path.glob("*.log")]
     exposed["redis"] = everything_in(stack.store.r)
-    exposed["command lines"] = [" ".join(map(str, p.args)) for p in [*procs.procs, *flower]]
+    exposed["command lines"] = [" ".join(map(str, p.args)) for p in procs.procs]
     exposed["jsonl"] = [stack.out.read_text()]
     assert_no_secret(exposed)

@@ -9,8 +9,9 @@ import pytest
 import redis
 
 from common.store import connect
-from tests.deploy.conftest import RedisServers, assert_not_in_logs, wait_for
-from tests.integration.conftest import Procs, Stack
+from tests.deploy.redis_servers import RedisServers, assert_not_in_logs
+from tests.harness import Procs, wait_for
+from tests.stack import Stack
 
 pytestmark = pytest.mark.integration
 

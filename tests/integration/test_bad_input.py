@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.integration.conftest import Stack, wait_for
+from tests.harness import wait_for
+from tests.stack import Stack
 
 
 class _BadEndpoint(BaseHTTPRequestHandler):
@@ -51,6 +52,7 @@ def bad_endpoint() -> Iterator[str]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+    server.server_close()
 
 
 def _write(tmp_path, name: str, content: bytes):

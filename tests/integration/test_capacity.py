@@ -22,7 +22,9 @@ from cli.enqueue_cmd import run_enqueue
 from common.models import GenParams
 from common.settings import Settings
 from common.store import RunStore, connect
-from tests.integration.conftest import Stack, free_port, wait_for
+from tests.harness import delete_keys, free_port, wait_for
+from tests.services import reachable_redis
+from tests.stack import Stack
 from worker.capacity import Slot, SlotTable
 from worker.ratelimit import RateLimiter
 
@@ -30,10 +32,10 @@ FAST = ("--time-per-token", "0.01", "--max-answer-tokens", "40", "--reasoning-to
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> str:
-    from tests.integration.conftest import reachable_redis
-
-    return reachable_redis("EAGLEGEN_CAPACITY_REDIS_URL", "redis://127.0.0.1:6379/12")
+def redis_url(suite_env: dict[str, str]) -> str:
+    return reachable_redis(
+        suite_env.get("EAGLEGEN_CAPACITY_REDIS_URL", "redis://127.0.0.1:6379/12")
+    )
 
 
 @pytest.fixture
@@ -49,10 +51,7 @@ def stack(stack: Stack, redis_url: str) -> Iterator[Stack]:
     stack.store = RunStore(connect(redis_url), prefix, stack.run_name)
     yield stack
     stack.procs.stop_all()
-    r = stack.store.r
-    for pattern in (f"{prefix}:*", f"{stack.env['EAGLEGEN_QUEUE']}*"):
-        for key in r.scan_iter(match=pattern, count=1000):
-            r.delete(key)
+    delete_keys(stack.store.r, prefix, stack.env["EAGLEGEN_QUEUE"])
 
 
 def _prompts(tmp: Path, n: int, tag: str = "q") -> Path:

@@ -10,7 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 from common.store import RunStore
-from tests.integration.conftest import Stack, wait_for
+from tests.harness import wait_for
+from tests.stack import Stack
 
 
 def _prompts(tmp: Path, n: int, tag: str = "q") -> Path:

@@ -9,7 +9,8 @@ from collections import Counter
 import pytest
 
 from simulator.answers import prompt_key
-from tests.integration.conftest import ROOT, Stack, wait_for
+from tests.harness import ROOT, wait_for
+from tests.stack import Stack
 
 DATA = ROOT / "data"
 

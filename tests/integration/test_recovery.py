@@ -8,7 +8,8 @@ import time
 
 import httpx
 
-from tests.integration.conftest import Stack, wait_for
+from tests.harness import wait_for
+from tests.stack import Stack
 from worker.app import create_app
 from worker.publish import publish
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tests.integration.conftest import Stack
+from tests.harness import free_port, wait_for
+from tests.stack import Stack
 
 
 def test_status_counts_match_a_run_with_known_retries_failures_and_tokens(stack: Stack, tmp_path):
@@ -66,8 +67,6 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 def test_workers_and_the_exporter_serve_prometheus_metrics(stack: Stack, tmp_path):
     import httpx
-
-    from tests.integration.conftest import free_port, wait_for
 
     stack.simulator("--fail-first", "1")
     source = tmp_path / "p.jsonl"

@@ -8,7 +8,8 @@ import signal
 import time
 from pathlib import Path
 
-from tests.integration.conftest import Stack, free_port, wait_for
+from tests.harness import free_port, wait_for
+from tests.stack import Stack
 
 
 def _prompts(tmp: Path, n: int) -> Path:

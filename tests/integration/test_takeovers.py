@@ -9,7 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.integration.conftest import Stack, wait_for
+from tests.harness import wait_for
+from tests.stack import Stack
 
 
 def _prompts(tmp: Path, n: int) -> Path:

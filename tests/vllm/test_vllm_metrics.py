@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.conftest import ROOT, Stack, wait_for
-from tests.vllm.conftest import Server, report, start_server, stop_server
+from tests.harness import ROOT, wait_for
+from tests.stack import Stack
+from tests.vllm.server import Server, report, start_server, stop_server
 from worker.capacity import EndpointView, SlotTable
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]  # server start-up included
@@ -22,8 +23,8 @@ def small_server(
     vllm_installed: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
     """A second server that runs at most two sequences at once."""
-    log = tmp_path_factory.mktemp("vllm-small") / "server.log"
-    server = start_server(log, "--max-num-seqs", str(MAX_NUM_SEQS))
+    logs = tmp_path_factory.mktemp("vllm-small")
+    server = start_server(logs, "--max-num-seqs", str(MAX_NUM_SEQS))
     report(f"vLLM server (--max-num-seqs {MAX_NUM_SEQS}) ready in {server.started_s} s")
     yield server
     stop_server(server)

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import ROOT, Stack
-from tests.vllm.conftest import MAX_MODEL_LEN, MODEL_DIR, Server, report
+from tests.harness import ROOT
+from tests.stack import Stack
+from tests.vllm.server import MAX_MODEL_LEN, MODEL_DIR, Server, report
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]  # server start-up included
 

@@ -1,0 +1,90 @@
+"""ASGI delivery of a job: streamed as server-sent events or sent as one object."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from simulator.bodies import chunk_body, completion_body, delta_body, sse, usage_chunk_body
+from simulator.generation import SimulatedDisconnect, generate
+from simulator.jobs import Job
+from simulator.state import SimState
+
+SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
+
+
+class JobResponse(Response):
+    """Runs one job's body and cancels it as soon as the client disconnects."""
+
+    def __init__(self, body: Callable[[Send], Awaitable[None]]) -> None:
+        super().__init__()
+        self._body = body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Race the body against a client disconnect; re-raise a simulated disconnect."""
+        work = asyncio.ensure_future(self._body(send))
+        gone = asyncio.ensure_future(_client_gone(receive))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            work.cancel()
+            gone.cancel()
+            await asyncio.gather(work, gone, return_exceptions=True)
+        if not work.cancelled():
+            work.result()  # a SimulatedDisconnect propagates so uvicorn drops the connection
+
+
+async def _client_gone(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _start(status: int, headers: Mapping[str, str]) -> dict[str, Any]:
+    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    return {"type": "http.response.start", "status": status, "headers": raw}
+
+
+def _body(data: bytes, more: bool) -> dict[str, Any]:
+    return {"type": "http.response.body", "body": data, "more_body": more}
+
+
+async def stream_job(state: SimState, job: Job, send: Send) -> None:
+    """Send a job as server-sent events, as vLLM does for stream=true."""
+    await send(_start(200, {**SSE_HEADERS, "x-sim-key": job.key}))
+    opening = sse(chunk_body(job, {"role": "assistant", "content": ""}))
+    async with contextlib.aclosing(generate(state, job)) as batches:
+        async for batch in batches:
+            data = sse(chunk_body(job, delta_body(batch, job.reasoning_field)))
+            await send(_body(opening + data, more=True))
+            opening = b""
+    await send(_body(_stream_tail(job), more=False))
+
+
+def _stream_tail(job: Job) -> bytes:
+    tail = sse(chunk_body(job, {}, job.answer.finish_reason))
+    if job.include_usage:
+        tail += sse(usage_chunk_body(job))
+    return tail + sse("[DONE]")
+
+
+async def respond_job(state: SimState, job: Job, send: Send) -> None:
+    """Send a job as one chat.completion object, as vLLM does for stream=false."""
+    headers = {"content-type": "application/json", "x-sim-key": job.key}
+    try:
+        async with contextlib.aclosing(generate(state, job)) as batches:
+            async for _ in batches:
+                pass
+    except SimulatedDisconnect:
+        # Start the response first, so dropping the connection is a broken response
+        # rather than the clean 500 uvicorn would send for an unstarted one.
+        await send(_start(200, headers))
+        raise
+    payload = json.dumps(completion_body(job), ensure_ascii=False).encode()
+    await send(_start(200, {**headers, "content-length": str(len(payload))}))
+    await send(_body(payload, more=False))

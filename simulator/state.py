@@ -1,0 +1,93 @@
+"""Everything one simulator app owns: config, fault plan, admission, stats, metrics and log."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter
+from typing import Any, Literal
+
+from simulator.admission import Slots
+from simulator.bookkeeping import GenerationLog, Metrics, Stats
+from simulator.config import SimConfig
+from simulator.faults import FaultPlan
+from simulator.jobs import ConfigUpdate, Job
+
+EndEvent = Literal["completed", "aborted", "stalled", "disconnected"]
+
+
+class SimState:
+    """Everything one simulator app owns: config, admission, stats, metrics and log."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.plan = FaultPlan.from_config(cfg)
+        self.slots = Slots(cfg.max_num_seqs)
+        self.stats = Stats()
+        self.metrics = Metrics(cfg.model_name, self.slots)
+        self.log = GenerationLog(cfg.log_path)
+        self.attempts: Counter[str] = Counter()
+        self.created = int(time.time())
+        # Set when the server shuts down so stalled generations let go instead of blocking it.
+        self.stopping = asyncio.Event()
+        self._ids = itertools.count(1)
+
+    def new_request_id(self, key: str) -> str:
+        """Return a unique request id that also shows the prompt key."""
+        return f"chatcmpl-{key}-{next(self._ids)}"
+
+    def next_attempt(self, key: str) -> int:
+        """Count one more attempt of prompt `key` and return its 1-based number."""
+        self.attempts[key] += 1
+        return self.attempts[key]
+
+    def update(self, change: ConfigUpdate) -> None:
+        """Apply a runtime config change (capacity and pacing)."""
+        self.cfg = self.cfg.model_copy(update=change.model_dump(exclude_none=True))
+        self.slots.resize(self.cfg.max_num_seqs)
+
+    def on_start(self, job: Job) -> None:
+        """Record that a generation got a slot."""
+        self.metrics.prompt_tokens.inc(job.prompt_tokens)
+
+    def on_tokens(self, n: int) -> None:
+        """Record `n` generated tokens."""
+        self.stats.tokens_generated += n
+        self.metrics.generation_tokens.inc(n)
+
+    def on_end(self, job: Job, event: EndEvent, sent: int) -> None:
+        """Record the end of a generation in stats, metrics and the log."""
+        finish = job.answer.finish_reason if event == "completed" else None
+        if finish is not None:
+            self.stats.completed += 1
+            self.stats.generations_by_key[job.key] += 1
+            self.metrics.success(finish)
+        else:
+            self.stats.aborted += 1
+        self.log.write(
+            {
+                "ts": time.time(),
+                "key": job.key,
+                "event": event,
+                "completion_tokens": sent,
+                "finish_reason": finish,
+            }
+        )
+
+    def stats_body(self) -> dict[str, Any]:
+        """Return the JSON body of GET /sim/stats."""
+        s = self.stats
+        return {
+            "requests": s.requests,
+            "completed": s.completed,
+            "aborted": s.aborted,
+            "rejected": s.rejected,
+            "faults": dict(s.faults),
+            "running": self.slots.running,
+            "waiting": self.slots.waiting,
+            "peak_running": self.slots.peak,
+            "generations_by_key": dict(s.generations_by_key),
+            "tokens_generated": s.tokens_generated,
+            "max_num_seqs": self.slots.capacity,
+        }
