@@ -2,10 +2,15 @@
 
 Starts its own durable Redis (AOF, on a free port), a faulty simulator, several workers and a
 collector; enqueues 2,000+ single-turn prompts (and a few over the context length); then every
-10-20 s SIGKILLs a random worker and restarts it, SIGKILLs the collector twice and Redis once.
-When the run completes (or the deadline passes) it stops everything and checks: nothing lost,
-no duplicate line, every failure an over-long prompt, every answer belonging to its prompt, and
-duplicate generations no more than the requests in flight at the kills.
+10-20 s SIGKILLs a random worker and restarts it, SIGKILLs the collector twice and Redis once
+(workers are not restarted for it: they must ride it out). It also pauses processes (SIGSTOP,
+then SIGCONT): a worker past its lease, twice; the collector past its lock while a successor
+starts (on the same file it must be refused; on a second file it takes over, and the paused one
+must stop without committing); Redis for several seconds. When the run completes (or the
+deadline passes) it stops everything and checks: nothing lost, no duplicate line in either
+file, `written` equal to the distinct ids on disk, every failure an over-long prompt, every
+answer belonging to its prompt, no worker that exited by itself, and duplicate generations no
+more than the requests in flight at the kills and pauses.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -71,11 +78,15 @@ class Chaos:
             "EAGLEGEN_BACKOFF_BASE": "0.2",
             "EAGLEGEN_BACKOFF_MAX": "2",
             "EAGLEGEN_SHUTDOWN_GRACE": "2",
+            "EAGLEGEN_COLLECTOR_LOCK_TTL": "3",
         }
         # Own process groups: a SIGKILL takes whatever a child started, as a crash would.
         self.procs = Procs(self.dir, env, grace=30, own_group=True)
         self.roles: dict[str, subprocess.Popen[bytes]] = {}
         self.kills: list[Kill] = []
+        self.pauses: list[dict[str, Any]] = []
+        self.killed_pids: set[int] = set()
+        self.outputs = [self.dir / "out.jsonl"]
         self.rng = random.Random(args.seed)
         self.store: RunStore | None = None
         self.t0 = time.monotonic()
@@ -108,11 +119,12 @@ class Chaos:
         self.roles[f"worker#{i}"] = self.procs.start("worker", args)
 
     def start_collector(self) -> None:
-        args = ["collect", "--out", str(self.dir / "out.jsonl")]
+        args = ["collect", "--out", str(self.outputs[-1])]
         self.roles["collector"] = self.procs.start("collector", args)
 
     def kill(self, name: str) -> subprocess.Popen[bytes]:
         proc = self.roles[name]
+        self.killed_pids.add(proc.pid)
         self.procs.kill(proc)
         return proc
 
@@ -143,13 +155,18 @@ class Chaos:
         self.say(enqueue.stdout.strip())
         complete = self.chaos_loop(started)
         elapsed = time.monotonic() - started
+        time.sleep(1.0)  # let resumed processes settle
+        self.unasked_exits = [n for n, p in self.roles.items()
+                              if n.startswith("worker") and p.poll() is not None
+                              and p.pid not in self.killed_pids]  # fmt: skip
         self.stop_all()
         return self.report(complete, elapsed)
 
     def chaos_loop(self, started: float) -> bool:
         assert self.store is not None
         next_worker_kill = started + self.rng.uniform(10, 20)
-        plan = {"collector": [0.25, 0.6], "redis": [0.4]}
+        plan = {"collector": [0.25, 0.6], "redis": [0.4], "pause-worker": [0.15, 0.7],
+                "pause-collector": [0.35], "pause-redis": [0.5]}  # fmt: skip
         deadline = started + self.args.deadline
         while time.monotonic() < deadline:
             counts = self._counts()
@@ -159,7 +176,7 @@ class Chaos:
             for what, marks in plan.items():
                 if marks and progress >= marks[0]:
                     marks.pop(0)
-                    self.kill_and_restart(what)
+                    self.pause(what) if what.startswith("pause") else self.kill_and_restart(what)
             if time.monotonic() >= next_worker_kill:
                 self.kill_worker()
                 next_worker_kill = time.monotonic() + self.rng.uniform(10, 20)
@@ -202,6 +219,49 @@ class Chaos:
         else:
             self.start_collector()
 
+    # -- pauses (SIGSTOP, later SIGCONT) ------------------------------------------------------
+    def pause(self, what: str) -> None:
+        if what == "pause-worker":
+            self.pause_worker()
+        elif what == "pause-collector":
+            self.pause_collector()
+        else:
+            self._stop_for("redis", self.roles["redis"], 8.0, held=list(self._all_leased()))
+
+    def _stop_for(self, name: str, proc: subprocess.Popen[bytes], seconds: float,
+                  held: list[str] | None = None) -> None:  # fmt: skip
+        proc.send_signal(signal.SIGSTOP)
+        self.pauses.append({"what": name, "seconds": seconds, "held": len(held or [])})
+        self.kills.append(Kill(f"pause {name}", time.monotonic(), held or []))
+        self.say(f"SIGSTOP {name} (pid {proc.pid}) for {seconds:.0f} s")
+        timer = threading.Timer(seconds, self._resume, [name, proc])
+        timer.daemon = True
+        timer.start()
+
+    def _resume(self, name: str, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            self.say(f"SIGCONT {name}")
+
+    def pause_worker(self) -> None:
+        i = self.rng.randrange(self.args.workers)
+        proc = self.roles[f"worker#{i}"]
+        lease_ttl = 6.0
+        self._stop_for(f"worker#{i}", proc, lease_ttl + 5, held=self._held_by(proc.pid))
+
+    def pause_collector(self) -> None:
+        """Paused past its lock: a successor on its file is refused, one on a new file wins."""
+        first = self.roles["collector"]
+        self._stop_for("collector", first, 12.0)
+        time.sleep(4.0)  # longer than its 3 s lock
+        same = self.procs.run(["collect", "--out", str(self.outputs[-1]), "--once"])
+        self.refused_same_file = same.returncode == 1 and "another collector" in same.stderr
+        self.outputs.append(self.dir / "out-2.jsonl")
+        self.start_collector()
+        self.fenced_collector = first
+        self.say(f"second collector on {self.outputs[-1].name}; same file refused: "
+                 f"{self.refused_same_file}")  # fmt: skip
+
     def _all_leased(self) -> set[str]:
         try:
             assert self.store is not None
@@ -230,8 +290,12 @@ class Chaos:
         store = RunStore(connect(self.url), "eaglegen", RUN)
         accepted = set(store.r.smembers(store.keys.accepted))
         failures = store.failures()
-        lines = [json.loads(x) for x in (self.dir / "out.jsonl").read_text().splitlines()]
-        ids = Counter(r["id"] for r in lines)
+        files = [[json.loads(x) for x in path.read_text().splitlines()]
+                 for path in self.outputs if path.exists()]  # fmt: skip
+        lines = [r for f in files for r in f]
+        per_file = [Counter(r["id"] for r in f) for f in files]
+        ids = Counter({i: 1 for c in per_file for i in c})
+        written = store.counts().written
         generations = self._generations()
         in_flight_at_kills = sum(len(k.held) for k in self.kills)
         wasted = sum(n - 1 for n in generations.values() if n > 1)
@@ -240,7 +304,14 @@ class Chaos:
                           for f in failures.values())  # fmt: skip
         result = {
             "complete": complete, "wall_s": round(elapsed, 1), "accepted": len(accepted),
-            "lines": len(lines), "duplicate_lines": sum(n - 1 for n in ids.values() if n > 1),
+            "lines": len(lines),
+            "duplicate_lines": sum(n - 1 for c in per_file for n in c.values() if n > 1),
+            "in_both_files": sum(len(files) > 1 and all(i in c for c in per_file) for i in ids),
+            "written_not_on_disk": written - len(ids),
+            "pauses": self.pauses,
+            "second_collector_refused_on_same_file": getattr(self, "refused_same_file", None),
+            "paused_collector_stopped": self._fenced_exit(),
+            "workers_exited_by_themselves": self.unasked_exits,
             "lost": len(accepted - set(ids) - set(failures)),
             "failed": len(failures), "failed_reasons": dict(reasons),
             "failed_not_overlong": sum(f.kind != "400" for f in failures.values()),
@@ -258,6 +329,13 @@ class Chaos:
         store.r.close()
         self.procs.stop(self.roles["redis"])
         return result
+
+    def _fenced_exit(self) -> bool | None:
+        first = getattr(self, "fenced_collector", None)
+        if first is None:
+            return None
+        logs = self.procs.logs()
+        return first.poll() == 1 and "lost the collector lock" in logs
 
     def _generations(self) -> Counter[str]:
         log = self.dir / "sim-log.jsonl"
@@ -280,6 +358,14 @@ def verdict(r: dict[str, Any]) -> list[str]:
     misses = []
     if not r["complete"]:
         misses.append("the run did not complete before the deadline")
+    if r["second_collector_refused_on_same_file"] is False:
+        misses.append("a second collector was let onto a file another collector holds")
+    if r["paused_collector_stopped"] is False:
+        misses.append("the collector paused past its lock did not stop when it resumed")
+    if r["written_not_on_disk"]:
+        misses.append(f"written differs from the ids on disk by {r['written_not_on_disk']}")
+    if r["workers_exited_by_themselves"]:
+        misses.append(f"workers exited by themselves: {r['workers_exited_by_themselves']}")
     for key in ("lost", "duplicate_lines", "failed_not_overlong", "answers_not_matching_prompt"):
         if r[key]:
             misses.append(f"{key} = {r[key]}")

@@ -1,0 +1,35 @@
+"""Redis stalled (SIGSTOP) longer than a socket timeout under a running pipeline."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections import Counter
+
+from tests.harness import Procs, free_port, start_redis, wait_for
+from tests.services import require_tool
+from tests.stack import Stack
+
+
+def test_the_collector_and_workers_ride_out_a_stalled_redis(procs: Procs, tmp_path):
+    require_tool("redis-server")
+    port = free_port()
+    (tmp_path / "redis").mkdir()
+    server = start_redis(procs, port, tmp_path / "redis", "--save", "", "--appendonly", "no")
+    stack = Stack(procs, f"redis://127.0.0.1:{port}/0", tmp_path)
+    stack.simulator("--time-per-token", "0.01")
+    worker = stack.worker(concurrency=8)
+    collector = stack.collector()
+    source = tmp_path / "p.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"q {i}"}) + "\n" for i in range(40)))
+    stack.enqueue(source)
+    wait_for(lambda: stack.store.counts().written >= 5, 60, "the first lines")
+    server.send_signal(signal.SIGSTOP)
+    time.sleep(12)  # longer than every client's socket timeout (redis-py's and ours)
+    server.send_signal(signal.SIGCONT)
+    stack.wait_complete(timeout=120)
+    assert collector.poll() is None and worker.poll() is None
+    ids = Counter(r["id"] for r in stack.lines())
+    assert len(ids) == 40 and max(ids.values()) == 1
+    assert "Redis unreachable or stalled" in procs.logs(20000)
