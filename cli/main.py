@@ -21,6 +21,7 @@ from cli.shared import (
     open_store,
     out,
     stop_on_signals,
+    wait_for_redis,
 )
 from common.errors import EagleGenError
 from common.models import GenParams
@@ -90,7 +91,7 @@ def worker(
     setup_logging(settings, loglevel.upper())
     if "endpoints" not in settings.model_fields_set:  # nothing configured: say where it goes
         console.print(f"EAGLEGEN_ENDPOINTS is not set: using the default {settings.endpoints[0]}")
-    open_store(settings)  # fail fast with a clear line if Redis is down
+    wait_for_redis(settings)  # a worker started while Redis restarts comes up with it
     celery = create_app(settings)
     celery.worker_main(
         [

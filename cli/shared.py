@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from typing import Annotated, Any, NoReturn
 
 import redis
@@ -58,6 +59,26 @@ def open_store(settings: Settings) -> RunStore:
     except redis.RedisError as exc:
         fail(f"cannot reach Redis at {redact_url(settings.redis_url)} ({exc})")
     return RunStore(client, settings.key_prefix, settings.run)
+
+
+def wait_for_redis(settings: Settings, every_s: float = 2.0) -> None:
+    """Block until Redis answers, saying once (clearly) that we wait: a long-lived role (a
+    worker) started while Redis restarts must come up with it, not exit."""
+    client = connect(settings.redis_url, settings.redis_sentinel_master)
+    said = False
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.RedisError as exc:
+            if not said:
+                where = redact_url(settings.redis_url)
+                console.print(
+                    f"cannot reach Redis at {where} ({exc}); waiting for it", highlight=False
+                )
+                said = True
+            time.sleep(every_s)
+    client.close()
 
 
 def stop_on_signals() -> threading.Event:

@@ -86,6 +86,7 @@ class Chaos:
         self.kills: list[Kill] = []
         self.pauses: list[dict[str, Any]] = []
         self.killed_pids: set[int] = set()
+        self.unasked_exits: list[str] = []
         self.outputs = [self.dir / "out.jsonl"]
         self.rng = random.Random(args.seed)
         self.store: RunStore | None = None
@@ -156,9 +157,7 @@ class Chaos:
         complete = self.chaos_loop(started)
         elapsed = time.monotonic() - started
         time.sleep(1.0)  # let resumed processes settle
-        self.unasked_exits = [n for n, p in self.roles.items()
-                              if n.startswith("worker") and p.poll() is not None
-                              and p.pid not in self.killed_pids]  # fmt: skip
+        self.notice_exits()
         self.stop_all()
         return self.report(complete, elapsed)
 
@@ -181,8 +180,19 @@ class Chaos:
                 self.kill_worker()
                 next_worker_kill = time.monotonic() + self.rng.uniform(10, 20)
             self.track_recovery()
+            self.notice_exits()
             time.sleep(0.2)
         return False
+
+    def notice_exits(self) -> None:
+        """A worker that ended without being killed (a defect): note it, start another."""
+        for name, proc in list(self.roles.items()):
+            ended = name.startswith("worker") and proc.poll() is not None
+            if ended and proc.pid not in self.killed_pids:
+                self.unasked_exits.append(f"{name} (pid {proc.pid}, exit {proc.returncode})")
+                self.say(f"{name} exited by itself with {proc.returncode}")
+                self.killed_pids.add(proc.pid)
+                self.start_worker(int(name.split("#")[1]))
 
     def _counts(self) -> Any:
         try:

@@ -33,3 +33,21 @@ def test_the_collector_and_workers_ride_out_a_stalled_redis(procs: Procs, tmp_pa
     ids = Counter(r["id"] for r in stack.lines())
     assert len(ids) == 40 and max(ids.values()) == 1
     assert "Redis unreachable or stalled" in procs.logs(20000)
+
+
+def test_a_worker_started_while_redis_is_down_comes_up_with_it(procs: Procs, tmp_path):
+    require_tool("redis-server")
+    port = free_port()
+    (tmp_path / "redis").mkdir()
+    stack = Stack(procs, f"redis://127.0.0.1:{port}/0", tmp_path)
+    stack.simulator()
+    worker = stack.worker(concurrency=2)
+    wait_for(lambda: "waiting for it" in procs.logs(), 30, "the worker to say it waits")
+    assert worker.poll() is None
+    start_redis(procs, port, tmp_path / "redis", "--save", "", "--appendonly", "no")
+    stack.collector()
+    source = tmp_path / "p.jsonl"
+    source.write_text(json.dumps({"prompt": "hello"}) + "\n")
+    stack.enqueue(source)
+    stack.wait_complete(timeout=90)
+    assert len(stack.lines()) == 1
