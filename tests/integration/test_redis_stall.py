@@ -51,3 +51,29 @@ def test_a_worker_started_while_redis_is_down_comes_up_with_it(procs: Procs, tmp
     stack.enqueue(source)
     stack.wait_complete(timeout=90)
     assert len(stack.lines()) == 1
+
+
+def test_a_bare_worker_keeps_consuming_after_redis_restarts_from_its_aof(procs: Procs, tmp_path):
+    require_tool("redis-server")
+    port = free_port()
+    data = tmp_path / "redis"
+    data.mkdir()
+    durable = ("--appendonly", "yes", "--appendfsync", "always", "--save", "")
+    server = start_redis(procs, port, data, *durable)
+    stack = Stack(procs, f"redis://127.0.0.1:{port}/0", tmp_path)
+    stack.simulator("--time-per-token", "0.02")
+    worker = stack.worker(concurrency=4)
+    stack.collector()
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("".join(json.dumps({"prompt": f"a {i}"}) + "\n" for i in range(6)))
+    second.write_text("".join(json.dumps({"prompt": f"b {i}"}) + "\n" for i in range(6)))
+    stack.enqueue(first)
+    wait_for(lambda: stack.store.counts().in_flight > 0, 30, "generations in flight")
+    procs.kill(server)  # a crash with messages unacked, then a restart from the AOF
+    start_redis(procs, port, data, *durable)
+    stack.wait_complete(timeout=120)
+    stack.enqueue(second)
+    stack.wait_complete(timeout=120)
+    assert worker.poll() is None, "the worker process ended after the restart"
+    ids = Counter(r["id"] for r in stack.lines())
+    assert len(ids) == 12 and max(ids.values()) == 1
