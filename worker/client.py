@@ -117,12 +117,17 @@ class ChatClient:
                 request = self._request(model, messages, params)
                 raw = self._client.chat.completions.with_streaming_response.create(**request)
                 with raw as response:
-                    for chunk in sse_chunks(response.iter_lines(), self.endpoint):
+                    lines = response.iter_lines()
+                    for chunk in sse_chunks(lines, self.endpoint):
                         acc.add(chunk)
                         if check is not None:
                             check()
                         if time.monotonic() > deadline:
                             raise errors.TimeoutError_(f"{self.endpoint}: turn exceeded max time")
+                    # Read past [DONE] to the end of the body: a response left unread closes its
+                    # connection, and every request would pay a new one (the server too).
+                    for _ in lines:
+                        pass
             return acc.result(time.monotonic() - started, self.endpoint, model)
         except errors.GenerationError as exc:
             exc.endpoint = exc.endpoint or self.endpoint
