@@ -1,0 +1,239 @@
+"""The simulator's own tokenizer and chat template (pure, deterministic, stable across releases).
+
+Vocabulary, by id:
+  0-255    one byte each: the fallback that makes any text encodable;
+  256-260  specials: <|im_start|>, <|im_end|> (end of turn), <think>, </think>, and <|key|>;
+  261-     words: "\\n", the role names (system, user, assistant, tool, developer), then each
+           answer word as "w", " w", "W" and " W".
+Text is encoded left to right: a special string, else the longest vocabulary word, else the
+UTF-8 bytes of one character. Decoding concatenates the pieces, so decode(encode(t)) == t.
+
+<|key|> stands for "[<prompt key>]", the first content token of every simulated answer, whose
+16 hex digits no small vocabulary could hold. It is only used inside an assistant message (or
+the generation after the prompt), where the key is that of the messages before it; so encoding
+and decoding it need the conversation, which the template's structure gives.
+
+Template (ChatML-like): each message is <|im_start|>role\\n content <|im_end|>\\n; the generation
+prompt is <|im_start|>assistant\\n, followed by <think></think> when thinking is off (as Qwen3).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from simulator.answers import THINK_CLOSE, THINK_OPEN, WORDS, prompt_key
+
+Message = Mapping[str, Any]
+
+IM_START = 256
+IM_END = 257  # end of turn: the token a finished answer stops on
+THINK = 258
+THINK_END = 259
+KEY = 260
+SPECIALS: dict[str, int] = {
+    "<|im_start|>": IM_START,
+    "<|im_end|>": IM_END,
+    THINK_OPEN: THINK,
+    THINK_CLOSE: THINK_END,
+}
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+def _words() -> tuple[str, ...]:
+    forms = [f for w in WORDS for f in (w, " " + w, w.capitalize(), " " + w.capitalize())]
+    return ("\n", *ROLES, *forms)
+
+
+WORD_LIST = _words()
+FIRST_WORD = 261
+WORD_IDS: dict[str, int] = {w: FIRST_WORD + i for i, w in enumerate(WORD_LIST)}
+NEWLINE = WORD_IDS["\n"]
+VOCAB_SIZE = FIRST_WORD + len(WORD_LIST)
+_TEXT: dict[int, str] = {i: s for s, i in SPECIALS.items()} | {i: w for w, i in WORD_IDS.items()}
+
+_SPECIAL_RE = re.compile("(" + "|".join(map(re.escape, SPECIALS)) + ")")
+# Longest first: regex alternation takes the first alternative that matches.
+_WORD_RE = re.compile(
+    "|".join(map(re.escape, sorted(WORD_IDS, key=len, reverse=True))) + "|(.)", re.DOTALL
+)
+
+
+def key_text(key: str) -> str:
+    """Return the text <|key|> stands for in a conversation whose prompt key is `key`."""
+    return f"[{key}]"
+
+
+def encode_text(text: str, key: str | None = None) -> list[int]:
+    """Encode text; with `key`, its "[key]" becomes <|key|> (assistant text only)."""
+    ids: list[int] = []
+    for part in _SPECIAL_RE.split(text):
+        if part in SPECIALS:
+            ids.append(SPECIALS[part])
+        elif key is not None and key_text(key) in part:
+            pieces = part.split(key_text(key))
+            for i, piece in enumerate(pieces):
+                ids += ([KEY] if i else []) + _encode_plain(piece)
+        else:
+            ids += _encode_plain(part)
+    return ids
+
+
+def _encode_plain(text: str) -> list[int]:
+    ids: list[int] = []
+    for match in _WORD_RE.finditer(text):
+        char = match.group(1)
+        ids += list(char.encode("utf-8")) if char is not None else [WORD_IDS[match.group(0)]]
+    return ids
+
+
+def content_text(message: Message) -> str:
+    """Return a message's content as the template renders it (text parts joined by spaces)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return ""
+
+
+def encode_chat(
+    messages: Sequence[Message], thinking: bool = True, continue_final: bool = False
+) -> list[int]:
+    """Return the prompt ids of a chat: the messages, then the generation prompt.
+
+    With `continue_final` the last message is left open (no end of turn, no generation
+    prompt), so that the model continues it.
+    """
+    closed = messages[:-1] if continue_final else messages
+    ids: list[int] = []
+    for i, message in enumerate(closed):
+        ids += [*_message_ids(messages[:i], message), IM_END, NEWLINE]
+    if continue_final:
+        return ids + _message_ids(messages[:-1], messages[-1])
+    return ids + generation_prompt(thinking)
+
+
+def generation_prompt(thinking: bool = True) -> list[int]:
+    """Return the ids that open the assistant's turn."""
+    opening = [IM_START, WORD_IDS["assistant"], NEWLINE]
+    return opening if thinking else [*opening, THINK, THINK_END]
+
+
+def _message_ids(before: Sequence[Message], message: Message) -> list[int]:
+    role = str(message["role"])
+    key = prompt_key(before) if role == "assistant" else None
+    return [IM_START, *encode_text(role), NEWLINE, *encode_text(content_text(message), key)]
+
+
+@dataclass
+class Parsed:
+    """A prompt read back through the template: closed messages and the open last turn."""
+
+    messages: list[dict[str, str]] = field(default_factory=list)
+    open_role: str | None = None  # role of the unterminated last message, if any
+    open_ids: list[int] = field(default_factory=list)  # its content so far
+    structured: bool = True  # False: text outside the template's shape
+
+
+def parse(ids: Sequence[int]) -> Parsed:
+    """Read prompt ids back into messages, as the template wrote them."""
+    parsed = Parsed()
+    segments = _split(ids, IM_START)
+    if segments[0]:
+        parsed.structured = False
+    for segment in segments[1:]:
+        _add_segment(parsed, segment)
+    return parsed
+
+
+def _split(ids: Sequence[int], sep: int) -> list[list[int]]:
+    parts: list[list[int]] = [[]]
+    for i in ids:
+        if i == sep:
+            parts.append([])
+        else:
+            parts[-1].append(i)
+    return parts
+
+
+def _add_segment(parsed: Parsed, segment: list[int]) -> None:
+    if parsed.open_role is not None or NEWLINE not in segment:
+        parsed.structured = False
+        return
+    cut = segment.index(NEWLINE)
+    role, body = decode(segment[:cut]), segment[cut + 1 :]
+    if IM_END not in body:
+        parsed.open_role, parsed.open_ids = role, body
+        return
+    end = body.index(IM_END)
+    if body[end + 1 :] not in ([], [NEWLINE]):
+        parsed.structured = False
+    key = prompt_key(parsed.messages)
+    parsed.messages.append({"role": role, "content": decode(body[:end], key)})
+
+
+def decode(ids: Sequence[int], key: str | None = None) -> str:
+    """Return the text of ids; <|key|> needs the key of the conversation before it."""
+    return "".join(_decoded(ids, key))
+
+
+def _decoded(ids: Sequence[int], key: str | None) -> Iterator[str]:
+    pending = bytearray()  # bytes of one character may span several ids
+    for i in ids:
+        if i < 256:
+            pending.append(i)
+            continue
+        if pending:
+            yield pending.decode("utf-8", errors="replace")
+            pending.clear()
+        yield _token_text(i, key)
+    if pending:
+        yield pending.decode("utf-8", errors="replace")
+
+
+def _token_text(token_id: int, key: str | None) -> str:
+    if token_id == KEY:
+        if key is None:
+            raise ValueError("token <|key|> outside an assistant turn")
+        return key_text(key)
+    text = _TEXT.get(token_id)
+    if text is None:
+        raise ValueError(f"token id {token_id} is not in the vocabulary (size {VOCAB_SIZE})")
+    return text
+
+
+def decode_prompt(ids: Sequence[int]) -> str:
+    """Return the text of a whole prompt, resolving each <|key|> from the messages before it."""
+    out: list[str] = []
+    before: list[dict[str, str]] = []
+    for n, segment in enumerate(_split(ids, IM_START)):
+        out.append(("<|im_start|>" if n else "") + decode(segment, prompt_key(before)))
+        _track_message(before, segment)
+    return "".join(out)
+
+
+def _track_message(before: list[dict[str, str]], segment: list[int]) -> None:
+    if NEWLINE in segment and IM_END in segment:
+        cut, end = segment.index(NEWLINE), segment.index(IM_END)
+        if cut < end:
+            role = decode(segment[:cut])
+            before.append(
+                {"role": role, "content": decode(segment[cut + 1 : end], prompt_key(before))}
+            )
+
+
+def encode_prompt(text: str) -> list[int]:
+    """Encode a whole prompt text, such as a rendered chat, with <|key|> where it belongs."""
+    ids: list[int] = []
+    before: list[dict[str, str]] = []
+    for n, segment in enumerate(text.split("<|im_start|>")):
+        role, sep, body = segment.partition("\n")
+        in_turn = n > 0 and bool(sep)
+        key = prompt_key(before) if in_turn and role == "assistant" else None
+        ids += ([IM_START] if n else []) + encode_text(segment, key)
+        if in_turn and "<|im_end|>" in body:
+            before.append({"role": role, "content": body.split("<|im_end|>")[0]})
+    return ids
