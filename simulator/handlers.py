@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping
+from typing import TypeVar
 
 import prometheus_client as prom
 from pydantic import ValidationError
@@ -18,6 +19,7 @@ from simulator.jobs import ChatRequest, CompletionRequest, ConfigUpdate, Endpoin
 from simulator.plans import Plan, Rejection, chat_plan, completion_plan
 from simulator.state import SimState
 
+R = TypeVar("R", ChatRequest, CompletionRequest)
 RUNTIME_KNOBS = {"max_num_seqs", "time_per_token", "ttft", "prefill_time_per_token"}
 
 OWNER = "eaglegen-simulator"
@@ -77,12 +79,9 @@ async def sim_config(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     """POST /v1/chat/completions: validate, plan faults, then stream or answer."""
     state = _state(request)
-    state.stats.requests += 1
-    parsed = await _parse(request, ChatRequest)
-    refused = _refusal(state, parsed)
-    if refused is not None:
-        return refused
-    assert isinstance(parsed, ChatRequest)
+    parsed = await _read(request, state, ChatRequest)
+    if isinstance(parsed, Response):
+        return parsed
     plan = chat_plan(parsed, state.cfg)
     return _admit(state, plan, "chat", parsed.stream, parsed.include_usage)
 
@@ -90,36 +89,26 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     """POST /v1/completions: a text or token-id prompt, continued exactly."""
     state = _state(request)
-    state.stats.requests += 1
-    parsed = await _parse(request, CompletionRequest)
-    refused = _refusal(state, parsed)
-    if refused is not None:
-        return refused
-    assert isinstance(parsed, CompletionRequest)
+    parsed = await _read(request, state, CompletionRequest)
+    if isinstance(parsed, Response):
+        return parsed
     plan = completion_plan(parsed, state.cfg)
     return _admit(state, plan, "completion", parsed.stream, parsed.include_usage)
 
 
-async def _parse(
-    request: Request, model: type[ChatRequest] | type[CompletionRequest]
-) -> ChatRequest | CompletionRequest | Response:
+async def _read(request: Request, state: SimState, model: type[R]) -> R | Response:
+    """Count the request; return it parsed, or the error response that refuses it."""
+    state.stats.requests += 1
     try:
-        return model.model_validate_json(await request.body())
+        parsed = model.model_validate_json(await request.body())
     except ValidationError as exc:
-        return _error(400, _validation_message(exc), "BadRequestError")
-
-
-def _refusal(
-    state: SimState, parsed: ChatRequest | CompletionRequest | Response
-) -> Response | None:
-    if isinstance(parsed, Response):
         state.stats.rejected += 1
-        return parsed
+        return _error(400, _validation_message(exc), "BadRequestError")
     if parsed.model is not None and parsed.model != state.cfg.model_name:
         state.stats.rejected += 1
         msg = f"The model `{parsed.model}` does not exist."
         return JSONResponse(error_body(404, msg, "NotFoundError", "model"), status_code=404)
-    return None
+    return parsed
 
 
 def _validation_message(exc: ValidationError) -> str:

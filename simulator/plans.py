@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from simulator.answers import Message, count_prompt_tokens, expected_answer, prompt_key
 from simulator.config import ReasoningField, SimConfig
 from simulator.faults import context_error
 from simulator.jobs import ChatRequest, CompletionRequest, Output, answer_pieces, raw_piece
-from simulator.output import Generation, RawToken, generation, model_output, resume_point
+from simulator.output import Generation, Resume, generation, model_output, resume_point
 from simulator.tokenizer import (
     THINK,
     THINK_END,
@@ -56,7 +57,7 @@ def chat_plan(req: ChatRequest, cfg: SimConfig) -> Plan | Rejection:
         return _continuation_plan(req, cfg, with_ids)
     if with_ids:
         prompt_ids = encode_chat(req.messages, req.thinking)
-        resume = (model_output(req.messages, cfg, req.thinking), 0)
+        resume = Resume(model_output(req.messages, cfg, req.thinking), 0)
         return _raw_plan(prompt_key(req.messages), prompt_ids, resume, req.limit, cfg, True)
     return _legacy_plan(req, cfg)
 
@@ -81,8 +82,8 @@ def _continuation_plan(req: ChatRequest, cfg: SimConfig, with_ids: bool) -> Plan
         return Rejection("continue_final_message needs the last message to be the assistant's")
     prompt_ids = encode_chat(messages, req.thinking, continue_final=True)
     partial = encode_text(content_text(messages[-1]), prompt_key(messages[:-1]))
-    found = _resume(messages, partial, req.thinking, cfg)
-    return _raw_plan(found[0], prompt_ids, found[1], req.limit, cfg, with_ids)
+    key, resume = _resume(messages, partial, req.thinking, cfg)
+    return _raw_plan(key, prompt_ids, resume, req.limit, cfg, with_ids)
 
 
 def completion_plan(req: CompletionRequest, cfg: SimConfig) -> Plan | Rejection:
@@ -99,12 +100,12 @@ def _prompt_ids(
     prompt: str | list[int] | list[str] | list[list[int]], cfg: SimConfig
 ) -> list[int] | Rejection:
     one: str | list[int]
-    if prompt and isinstance(prompt, list) and not isinstance(prompt[0], int):
-        if len(prompt) != 1:
-            return Rejection("prompt: the simulator takes one prompt per request")
-        one = prompt[0]
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        one = cast("str | list[int]", prompt)
+    elif len(prompt) != 1:
+        return Rejection("prompt: the simulator takes one prompt per request")
     else:
-        one = prompt  # type: ignore[assignment]
+        one = prompt[0]
     if isinstance(one, str):
         return encode_prompt(one) or Rejection("prompt: the prompt is empty")
     if not cfg.token_ids:
@@ -115,7 +116,7 @@ def _prompt_ids(
     return list(one) or Rejection("prompt: the prompt is empty")
 
 
-def _completion_resume(ids: list[int], cfg: SimConfig) -> tuple[str, tuple[list[RawToken], int]]:
+def _completion_resume(ids: list[int], cfg: SimConfig) -> tuple[str, Resume]:
     parsed = parse(ids)
     if parsed.structured and parsed.open_role == "assistant":
         partial, thinking = parsed.open_ids, True
@@ -123,27 +124,27 @@ def _completion_resume(ids: list[int], cfg: SimConfig) -> tuple[str, tuple[list[
             partial, thinking = partial[2:], False
         found = resume_point(parsed.messages, partial, cfg, thinking)
         if found is not None:
-            return prompt_key(parsed.messages), (found.output, found.start)
+            return prompt_key(parsed.messages), found
     # Not a prompt the simulated model could have produced: answer it as one user message.
     fresh = [{"role": "user", "content": decode_prompt(ids)}]
-    return prompt_key(fresh), (model_output(fresh, cfg), 0)
+    return prompt_key(fresh), Resume(model_output(fresh, cfg), 0)
 
 
 def _resume(
     messages: Sequence[Message], partial: list[int], thinking: bool, cfg: SimConfig
-) -> tuple[str, tuple[list[RawToken], int]]:
+) -> tuple[str, Resume]:
     before = messages[:-1]
     found = resume_point(before, partial, cfg, thinking)
     if found is not None:
-        return prompt_key(before), (found.output, found.start)
+        return prompt_key(before), found
     # A partial message the model would not have written: a fresh answer after all of it.
-    return prompt_key(messages), (model_output(messages, cfg, False), 0)
+    return prompt_key(messages), Resume(model_output(messages, cfg, False), 0)
 
 
 def _raw_plan(
     key: str,
     prompt_ids: list[int],
-    resume: tuple[list[RawToken], int],
+    resume: Resume,
     max_tokens: int | None,
     cfg: SimConfig,
     return_ids: bool,
@@ -154,7 +155,7 @@ def _raw_plan(
         return Rejection(too_long, key)
     # Like vLLM: without max_tokens the completion may use the rest of the context window.
     limit = max_tokens if max_tokens is not None else cfg.max_model_len - len(prompt_ids)
-    made = generation(resume[0], resume[1], limit)
+    made = generation(resume.output, resume.start, limit)
     output = raw_output(made, reasoning_field or cfg.reasoning_field)
     return Plan(key, len(prompt_ids), prompt_ids, return_ids, output)
 
