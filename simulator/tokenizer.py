@@ -4,12 +4,15 @@ Vocabulary, by id:
   0-255    one byte each: the fallback that makes any text encodable;
   256-260  specials: <|im_start|>, <|im_end|> (end of turn), <think>, </think>, and <|key|>;
   261-     words: "\\n", the role names (system, user, assistant, tool, developer), then each
-           answer word as "w", " w", "W" and " W".
-Text is encoded left to right: a special string, else the longest vocabulary word, else the
-UTF-8 bytes of one character. Decoding concatenates the pieces, so decode(encode(t)) == t.
+           answer word as "w", " w", "W" and " W";
+  then     chunks of one to three lowercase letters, without then with a leading space.
+Text is cut into special strings, words (a run of ASCII letters with at most one leading
+space) and single characters. A word in the vocabulary is one id; other words go by letter
+chunks (an uppercase letter is its byte); any other character is its UTF-8 bytes. Decoding
+concatenates the pieces, so decode(encode(t)) == t.
 
 <|key|> stands for "[<prompt key>]", the first content token of every simulated answer, whose
-16 hex digits no small vocabulary could hold. It is only used inside an assistant message (or
+16 hex digits no vocabulary could hold. It is only used inside an assistant message (or
 the generation after the prompt), where the key is that of the messages before it; so encoding
 and decoding it need the conversation, which the template's structure gives.
 
@@ -51,14 +54,20 @@ WORD_LIST = _words()
 FIRST_WORD = 261
 WORD_IDS: dict[str, int] = {w: FIRST_WORD + i for i, w in enumerate(WORD_LIST)}
 NEWLINE = WORD_IDS["\n"]
-VOCAB_SIZE = FIRST_WORD + len(WORD_LIST)
 _TEXT: dict[int, str] = {i: s for s, i in SPECIALS.items()} | {i: w for w, i in WORD_IDS.items()}
 
+# Other lowercase letters go by chunks of up to three, with or without a leading space, so
+# that English costs about three characters a token, as with a real tokenizer.
+CHUNK_LEN = 3
+_CHUNK_OFFSETS: list[int] = [sum(pow(26, n) for n in range(1, k)) for k in range(1, CHUNK_LEN + 2)]
+_CHUNKS = _CHUNK_OFFSETS[-1]  # chunks of one to three letters
+FIRST_CHUNK = FIRST_WORD + len(WORD_LIST)
+VOCAB_SIZE = FIRST_CHUNK + 2 * _CHUNKS
+_CHUNK_RE = re.compile(f"[a-z]{{1,{CHUNK_LEN}}}|[^a-z]")
+
 _SPECIAL_RE = re.compile("(" + "|".join(map(re.escape, SPECIALS)) + ")")
-# Longest first: regex alternation takes the first alternative that matches.
-_WORD_RE = re.compile(
-    "|".join(map(re.escape, sorted(WORD_IDS, key=len, reverse=True))) + "|(.)", re.DOTALL
-)
+# Words are a letter run with at most one leading space; anything else is one character.
+_PIECE_RE = re.compile(r" ?[A-Za-z]+|.", re.DOTALL)
 
 
 def key_text(key: str) -> str:
@@ -83,10 +92,46 @@ def encode_text(text: str, key: str | None = None) -> list[int]:
 
 def _encode_plain(text: str) -> list[int]:
     ids: list[int] = []
-    for match in _WORD_RE.finditer(text):
-        char = match.group(1)
-        ids += list(char.encode("utf-8")) if char is not None else [WORD_IDS[match.group(0)]]
+    for piece in _PIECE_RE.findall(text):
+        word = WORD_IDS.get(piece)
+        if word is not None:
+            ids.append(word)
+        elif piece[-1].isascii() and piece[-1].isalpha():
+            ids += _encode_letters(piece)
+        else:
+            ids += list(piece.encode("utf-8"))
     return ids
+
+
+def _encode_letters(piece: str) -> list[int]:
+    ids: list[int] = []
+    space = piece.startswith(" ")
+    for run in _CHUNK_RE.findall(piece.removeprefix(" ")):
+        if run.islower():
+            ids.append(_chunk_id(run, space))
+        else:  # an uppercase letter: its byte, after the space it may follow
+            ids += [32, ord(run)] if space else [ord(run)]
+        space = False
+    return ids
+
+
+def _chunk_id(letters: str, space: bool) -> int:
+    index = 0
+    for char in letters:
+        index = index * 26 + ord(char) - ord("a")
+    return FIRST_CHUNK + (_CHUNKS if space else 0) + _CHUNK_OFFSETS[len(letters) - 1] + index
+
+
+def _chunk_text(token_id: int) -> str:
+    index = token_id - FIRST_CHUNK
+    space, index = divmod(index, _CHUNKS)
+    size = max(k for k in range(1, CHUNK_LEN + 1) if _CHUNK_OFFSETS[k - 1] <= index)
+    index -= _CHUNK_OFFSETS[size - 1]
+    letters = ""
+    for _ in range(size):
+        index, digit = divmod(index, 26)
+        letters = chr(ord("a") + digit) + letters
+    return (" " if space else "") + letters
 
 
 def content_text(message: Message) -> str:
@@ -199,6 +244,8 @@ def _token_text(token_id: int, key: str | None) -> str:
         if key is None:
             raise ValueError("token <|key|> outside an assistant turn")
         return key_text(key)
+    if FIRST_CHUNK <= token_id < VOCAB_SIZE:
+        return _chunk_text(token_id)
     text = _TEXT.get(token_id)
     if text is None:
         raise ValueError(f"token id {token_id} is not in the vocabulary (size {VOCAB_SIZE})")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from simulator.answers import WORDS, expected_answer, prompt_key
@@ -53,12 +55,27 @@ def test_ids_decode_back_to_the_text(text: str) -> None:
 def test_answer_words_are_one_id_each_and_the_vocabulary_is_small() -> None:
     assert encode_text(" alpha bravo") == [WORD_IDS[" alpha"], WORD_IDS[" bravo"]]
     assert encode_text("Alpha") == [WORD_IDS["Alpha"]]
-    assert len(WORD_IDS) == len(set(WORD_IDS.values())) and VOCAB_SIZE < 512
+    assert len(WORD_IDS) == len(set(WORD_IDS.values())) and VOCAB_SIZE < 40_000
     assert {w for w in WORDS} <= set(WORD_IDS)
 
 
 def test_unknown_text_falls_back_to_utf8_bytes() -> None:
     assert encode_text("é") == list("é".encode())
+
+
+def test_other_words_go_by_letter_chunks_about_three_characters_a_token() -> None:
+    text = "Explain the difference between a process and a thread, with examples."
+    ids = encode_text(text)
+    assert len(text) / 3.5 < len(ids) < len(text) / 2
+    assert encode_text(" quux") == encode_text(" quu")[:1] + encode_text("x")
+
+
+def test_random_text_round_trips() -> None:
+    rng = random.Random(0)
+    alphabet = "abcxyzXYZ éü\n\t<>[]|/think_imstart0123"
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        assert decode(encode_text(text)) == text
 
 
 def test_the_key_is_one_id_only_where_it_is_the_conversations_key() -> None:
