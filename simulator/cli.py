@@ -15,7 +15,9 @@ HELP = (
     "Run the simulator: an OpenAI-compatible HTTP server that stands in for vLLM on machines "
     "without a GPU. It is NOT a model: answers are deterministic filler text derived from a "
     "hash of the prompt (the first content token is '[<prompt key>]'), with configurable "
-    "capacity, pacing and injected faults."
+    "capacity, pacing and injected faults. Like vLLM it returns token ids on request "
+    "(return_token_ids; its own small tokenizer), continues token-id prompts on "
+    "/v1/completions exactly, and keeps a prefix cache (vllm:prefix_cache_* metrics)."
 )
 
 
