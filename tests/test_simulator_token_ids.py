@@ -278,3 +278,33 @@ def test_no_token_ids_server_ignores_the_flag_and_refuses_id_prompts(
     assert refused.status_code == 400
     text = post(sim, "/v1/completions", {"prompt": "hello", "return_token_ids": True}).json()
     assert text["choices"][0]["text"] and "token_ids" not in text["choices"][0]
+
+
+def partial_stream(sim: Sim, body: Body) -> list[int]:
+    """Return the ids a stream delivered before the server dropped it."""
+    ids: list[int] = []
+    payload = {"model": MODEL, "stream": True, **body}
+    url = f"{sim.url}/v1/chat/completions"
+    with (
+        pytest.raises(httpx.RemoteProtocolError),
+        httpx.stream("POST", url, json=payload) as response,
+    ):
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line.removeprefix("data: "))
+                ids += chunk["choices"][0].get("token_ids", [])
+    return ids
+
+
+def test_a_dropped_stream_resumes_exactly_on_another_server(start_sim: Callable[..., Sim]) -> None:
+    broken, healthy = start_sim(p_disconnect=1.0), start_sim()
+    body = {"messages": chat("drop me"), "return_token_ids": True}
+    got = partial_stream(broken, body)
+    prompt, ids = unbroken(healthy, chat("drop me"))
+    assert 0 < len(got) < len(ids) and ids[: len(got)] == got
+    resumed = post(
+        healthy,
+        "/v1/completions",
+        {"prompt": prompt + got, "max_tokens": 2000, "return_token_ids": True},
+    )
+    assert got + resumed.json()["choices"][0]["token_ids"] == ids
