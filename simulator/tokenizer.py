@@ -216,8 +216,9 @@ def _add_segment(parsed: Parsed, segment: list[int]) -> None:
     end = body.index(IM_END)
     if body[end + 1 :] not in ([], [NEWLINE]):
         parsed.structured = False
-    key = prompt_key(parsed.messages)
-    parsed.messages.append({"role": role, "content": decode(body[:end], key)})
+    content = body[:end]
+    key = prompt_key(parsed.messages) if KEY in content else None  # hashing costs
+    parsed.messages.append({"role": role, "content": decode(content, key)})
 
 
 def decode(ids: Sequence[int], key: str | None = None) -> str:
@@ -257,19 +258,10 @@ def decode_prompt(ids: Sequence[int]) -> str:
     out: list[str] = []
     before: list[dict[str, str]] = []
     for n, segment in enumerate(_split(ids, IM_START)):
-        out.append(("<|im_start|>" if n else "") + decode(segment, prompt_key(before)))
-        _track_message(before, segment)
+        text = decode(segment, prompt_key(before) if KEY in segment else None)
+        out.append(("<|im_start|>" if n else "") + text)
+        _track(before, n, text)
     return "".join(out)
-
-
-def _track_message(before: list[dict[str, str]], segment: list[int]) -> None:
-    if NEWLINE in segment and IM_END in segment:
-        cut, end = segment.index(NEWLINE), segment.index(IM_END)
-        if cut < end:
-            role = decode(segment[:cut])
-            before.append(
-                {"role": role, "content": decode(segment[cut + 1 : end], prompt_key(before))}
-            )
 
 
 def encode_prompt(text: str) -> list[int]:
@@ -277,10 +269,15 @@ def encode_prompt(text: str) -> list[int]:
     ids: list[int] = []
     before: list[dict[str, str]] = []
     for n, segment in enumerate(text.split("<|im_start|>")):
-        role, sep, body = segment.partition("\n")
-        in_turn = n > 0 and bool(sep)
-        key = prompt_key(before) if in_turn and role == "assistant" else None
+        role = segment.partition("\n")[0]
+        key = prompt_key(before) if n and role == "assistant" and "\n" in segment else None
         ids += ([IM_START] if n else []) + encode_text(segment, key)
-        if in_turn and "<|im_end|>" in body:
-            before.append({"role": role, "content": body.split("<|im_end|>")[0]})
+        _track(before, n, segment)
     return ids
+
+
+def _track(before: list[dict[str, str]], n: int, segment: str) -> None:
+    """Add the message that the n-th segment of a rendered chat closes, if it closes one."""
+    role, sep, body = segment.partition("\n")
+    if n and sep and "<|im_end|>" in body:
+        before.append({"role": role, "content": body.split("<|im_end|>")[0]})
