@@ -1,4 +1,10 @@
-"""Response bodies (pure): the OpenAI / vLLM JSON objects and their SSE framing."""
+"""Response bodies (pure): the OpenAI / vLLM JSON objects and their SSE framing.
+
+Token ids go where vLLM 0.32 puts them when a request sets return_token_ids. Chat: the first
+chunk carries `prompt_token_ids` at the top level and every later chunk's choice `token_ids`
+(its delta's ids); a full response carries `prompt_token_ids` at the top level and the
+choice `token_ids`. Completions: both fields sit in the choice (prompt ids in the first chunk).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from simulator.answers import SimAnswer, inline_tokens
 from simulator.config import ReasoningField
 from simulator.jobs import Job, Piece
 
@@ -20,7 +25,7 @@ def error_body(
 
 def usage_body(job: Job) -> dict[str, int]:
     """Return the usage object of a finished job."""
-    done = job.answer.completion_tokens
+    done = job.output.completion_tokens
     return {
         "prompt_tokens": job.prompt_tokens,
         "completion_tokens": done,
@@ -28,47 +33,118 @@ def usage_body(job: Job) -> dict[str, int]:
     }
 
 
-def chunk_body(job: Job, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+def stream_opening(job: Job) -> bytes:
+    """Return what a stream starts with: chat's role chunk (with the prompt ids)."""
+    if job.endpoint == "completion":
+        return b""
+    body = chunk_body(job, {"role": "assistant", "content": ""})
+    if job.return_ids:
+        body["prompt_token_ids"] = job.prompt_ids
+    return sse(body)
+
+
+def stream_batch(job: Job, batch: list[Piece], ids: list[int], first: bool) -> bytes:
+    """Return the chunk of one same-kind batch of tokens."""
+    if job.endpoint == "completion":
+        return sse(text_chunk_body(job, "".join(t for _, t in batch), ids, first))
+    return sse(chunk_body(job, delta_body(batch, job.reasoning_field), ids=ids))
+
+
+def stream_tail(job: Job, first: bool) -> bytes:
+    """Return the finish chunk, the usage chunk if asked for, and [DONE]."""
+    finish = job.output.finish_reason
+    if job.endpoint == "completion":
+        tail = sse(text_chunk_body(job, "", [], first, finish))
+    else:
+        tail = sse(chunk_body(job, {}, finish, ids=[]))
+    if job.include_usage:
+        tail += sse({**_envelope(job), "choices": [], "usage": usage_body(job)})
+    return tail + sse("[DONE]")
+
+
+def chunk_body(
+    job: Job, delta: dict[str, Any], finish_reason: str | None = None, ids: list[int] | None = None
+) -> dict[str, Any]:
     """Return one chat.completion.chunk with a single choice."""
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-    return {**_envelope(job, "chat.completion.chunk"), "choices": [choice]}
+    if job.return_ids and ids is not None:
+        choice["token_ids"] = ids
+    return {**_envelope(job), "choices": [choice]}
 
 
-def usage_chunk_body(job: Job) -> dict[str, Any]:
-    """Return the trailing usage chunk (no choices) sent when include_usage is set."""
-    return {**_envelope(job, "chat.completion.chunk"), "choices": [], "usage": usage_body(job)}
+def text_chunk_body(
+    job: Job, text: str, ids: list[int], first: bool, finish_reason: str | None = None
+) -> dict[str, Any]:
+    """Return one streamed text_completion chunk."""
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+    }
+    if job.return_ids:
+        choice["token_ids"] = ids
+        if first:
+            choice["prompt_token_ids"] = job.prompt_ids
+    return {**_envelope(job), "choices": [choice]}
 
 
 def delta_body(batch: list[Piece], reasoning_field: ReasoningField) -> dict[str, str]:
-    """Return the delta carrying one same-kind batch of tokens."""
+    """Return the delta carrying one same-kind batch of tokens (empty for special tokens)."""
     kind = batch[0][0]
+    if kind == "special":
+        return {}
     name = "content" if kind == "content" else reasoning_field
     return {name: "".join(text for _, text in batch)}
+
+
+def full_body(job: Job) -> dict[str, Any]:
+    """Return the non-streaming response object of a finished job."""
+    if job.endpoint == "completion":
+        return _text_completion_body(job)
+    return completion_body(job)
 
 
 def completion_body(job: Job) -> dict[str, Any]:
     """Return the non-streaming chat.completion object of a finished job."""
     choice = {
         "index": 0,
-        "message": message_body(job.answer, job.reasoning_field),
+        "message": message_body(job.pieces, job.reasoning_field),
         "logprobs": None,
-        "finish_reason": job.answer.finish_reason,
+        "finish_reason": job.output.finish_reason,
     }
-    return {**_envelope(job, "chat.completion"), "choices": [choice], "usage": usage_body(job)}
+    body = {**_envelope(job, full=True), "choices": [choice], "usage": usage_body(job)}
+    if job.return_ids:
+        choice["token_ids"] = job.ids_of(0, len(job.pieces))
+        body["prompt_token_ids"] = job.prompt_ids
+    return body
 
 
-def message_body(answer: SimAnswer, reasoning_field: ReasoningField) -> dict[str, Any]:
+def _text_completion_body(job: Job) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": "".join(text for _, text in job.pieces),
+        "logprobs": None,
+        "finish_reason": job.output.finish_reason,
+    }
+    if job.return_ids:
+        choice["token_ids"] = job.ids_of(0, len(job.pieces))
+        choice["prompt_token_ids"] = job.prompt_ids
+    return {**_envelope(job), "choices": [choice], "usage": usage_body(job)}
+
+
+def message_body(pieces: list[Piece], reasoning_field: ReasoningField) -> dict[str, Any]:
     """Return the assistant message; empty texts are null, as vLLM sends them."""
+    content = "".join(text for kind, text in pieces if kind == "content") or None
     if reasoning_field == "inline":
-        return {"role": "assistant", "content": "".join(inline_tokens(answer)) or None}
-    return {
-        "role": "assistant",
-        "content": answer.content or None,
-        reasoning_field: answer.reasoning or None,
-    }
+        return {"role": "assistant", "content": content}
+    reasoning = "".join(text for kind, text in pieces if kind == "reasoning") or None
+    return {"role": "assistant", "content": content, reasoning_field: reasoning}
 
 
-def _envelope(job: Job, obj: str) -> dict[str, Any]:
+def _envelope(job: Job, full: bool = False) -> dict[str, Any]:
+    chat = "chat.completion" if full else "chat.completion.chunk"
+    obj = "text_completion" if job.endpoint == "completion" else chat
     return {"id": job.request_id, "object": obj, "created": job.created, "model": job.model}
 
 

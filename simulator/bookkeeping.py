@@ -23,6 +23,9 @@ class Stats:
     aborted: int = 0
     rejected: int = 0
     tokens_generated: int = 0
+    prefill_tokens_computed: int = 0  # prompt tokens not found in the prefix cache
+    prefix_cache_queries: int = 0  # prompt tokens looked up, as vLLM counts them
+    prefix_cache_hits: int = 0  # of those, tokens found cached
     faults: Counter[str] = field(default_factory=Counter)
     generations_by_key: Counter[str] = field(default_factory=Counter)
 
@@ -43,6 +46,13 @@ class Metrics:
         self._gauge("vllm:kv_cache_usage_perc", "KV cache usage (1 = 100%).", usage)
         self.prompt_tokens = self._counter("vllm:prompt_tokens", "Prefill tokens processed.")
         self.generation_tokens = self._counter("vllm:generation_tokens", "Tokens generated.")
+        self.prefix_cache_queries = self._counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
+        self.prefix_cache_hits = self._counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
         self._success = prom.Counter(
             "vllm:request_success",
             "Finished requests.",

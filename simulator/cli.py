@@ -15,7 +15,9 @@ HELP = (
     "Run the simulator: an OpenAI-compatible HTTP server that stands in for vLLM on machines "
     "without a GPU. It is NOT a model: answers are deterministic filler text derived from a "
     "hash of the prompt (the first content token is '[<prompt key>]'), with configurable "
-    "capacity, pacing and injected faults."
+    "capacity, pacing and injected faults. Like vLLM it returns token ids on request "
+    "(return_token_ids; its own small tokenizer), continues token-id prompts on "
+    "/v1/completions exactly, and keeps a prefix cache (vllm:prefix_cache_* metrics)."
 )
 
 
@@ -62,6 +64,21 @@ def simulate(
     reasoning_field: Annotated[
         ReasoningFieldChoice, Opt(help="Where reasoning goes (inline: <think> tags in content).")
     ] = _REASONING_DEFAULT,
+    token_ids: Annotated[
+        bool,
+        Opt(
+            "--token-ids/--no-token-ids",
+            help="Serve vLLM's token-id extension (return_token_ids, token-id prompts); "
+            "--no-token-ids behaves like a server without it.",
+        ),
+    ] = _DEFAULTS.token_ids,
+    prefix_cache_blocks: Annotated[
+        int, Opt(help="Prefix cache size in blocks, least recently used evicted (0: no cache).")
+    ] = _DEFAULTS.prefix_cache_blocks,
+    block_size: Annotated[int, Opt(help="Tokens per prefix-cache block.")] = _DEFAULTS.block_size,
+    prefill_time_per_token: Annotated[
+        float, Opt(help="Seconds of prefill per prompt token not in the prefix cache.")
+    ] = _DEFAULTS.prefill_time_per_token,
     p_500: Annotated[float, Opt(help="Probability of an HTTP 500.")] = _DEFAULTS.p_500,
     p_429: Annotated[float, Opt(help="Probability of an HTTP 429.")] = _DEFAULTS.p_429,
     p_stall: Annotated[float, Opt(help="Probability of a mid-stream stall.")] = _DEFAULTS.p_stall,
@@ -91,6 +108,10 @@ def simulate(
             max_answer_tokens=max_answer_tokens,
             reasoning_tokens=reasoning_tokens,
             reasoning_field=reasoning_field.value,
+            token_ids=token_ids,
+            prefix_cache_blocks=prefix_cache_blocks,
+            block_size=block_size,
+            prefill_time_per_token=prefill_time_per_token,
             p_500=p_500,
             p_429=p_429,
             p_stall=p_stall,

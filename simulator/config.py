@@ -24,6 +24,10 @@ class SimConfig(BaseModel):
     max_answer_tokens: int = Field(default=256, ge=1)
     reasoning_tokens: int = Field(default=32, ge=0)  # upper bound; 0 = no reasoning
     reasoning_field: ReasoningField = "reasoning"  # inline = <think>…</think> in content
+    token_ids: bool = True  # False: no return_token_ids, no token-id prompts (like SGLang)
+    prefix_cache_blocks: int = Field(default=4096, ge=0)  # LRU capacity; 0 = no cache
+    block_size: int = Field(default=16, ge=1)  # tokens per prefix-cache block, as vLLM's
+    prefill_time_per_token: float = Field(default=0.0, ge=0.0)  # seconds per uncached token
     p_500: float = Field(default=0.0, ge=0.0, le=1.0)
     p_429: float = Field(default=0.0, ge=0.0, le=1.0)
     p_stall: float = Field(default=0.0, ge=0.0, le=1.0)

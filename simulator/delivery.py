@@ -11,7 +11,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from simulator.bodies import chunk_body, completion_body, delta_body, sse, usage_chunk_body
+from simulator.bodies import full_body, stream_batch, stream_opening, stream_tail
 from simulator.generation import SimulatedDisconnect, generate
 from simulator.jobs import Job
 from simulator.state import SimState
@@ -57,24 +57,18 @@ def _body(data: bytes, more: bool) -> dict[str, Any]:
 async def stream_job(state: SimState, job: Job, send: Send) -> None:
     """Send a job as server-sent events, as vLLM does for stream=true."""
     await send(_start(200, {**SSE_HEADERS, "x-sim-key": job.key}))
-    opening = sse(chunk_body(job, {"role": "assistant", "content": ""}))
+    opening, sent = stream_opening(job), 0
     async with contextlib.aclosing(generate(state, job)) as batches:
         async for batch in batches:
-            data = sse(chunk_body(job, delta_body(batch, job.reasoning_field)))
+            ids = job.ids_of(sent, sent + len(batch))
+            data = stream_batch(job, batch, ids, first=sent == 0)
             await send(_body(opening + data, more=True))
-            opening = b""
-    await send(_body(_stream_tail(job), more=False))
-
-
-def _stream_tail(job: Job) -> bytes:
-    tail = sse(chunk_body(job, {}, job.answer.finish_reason))
-    if job.include_usage:
-        tail += sse(usage_chunk_body(job))
-    return tail + sse("[DONE]")
+            opening, sent = b"", sent + len(batch)
+    await send(_body(opening + stream_tail(job, first=sent == 0), more=False))
 
 
 async def respond_job(state: SimState, job: Job, send: Send) -> None:
-    """Send a job as one chat.completion object, as vLLM does for stream=false."""
+    """Send a job as one response object, as vLLM does for stream=false."""
     headers = {"content-type": "application/json", "x-sim-key": job.key}
     try:
         async with contextlib.aclosing(generate(state, job)) as batches:
@@ -85,6 +79,6 @@ async def respond_job(state: SimState, job: Job, send: Send) -> None:
         # rather than the clean 500 uvicorn would send for an unstarted one.
         await send(_start(200, headers))
         raise
-    payload = json.dumps(completion_body(job), ensure_ascii=False).encode()
+    payload = json.dumps(full_body(job), ensure_ascii=False).encode()
     await send(_start(200, {**headers, "content-length": str(len(payload))}))
     await send(_body(payload, more=False))

@@ -21,11 +21,11 @@ class SimulatedDisconnect(Exception):
 async def generate(state: SimState, job: Job) -> AsyncGenerator[list[Piece]]:
     """Yield the job's token batches while holding a slot; always release it and log the end."""
     await state.slots.acquire()
-    state.on_start(job)
+    uncached = state.on_start(job)
     event: EndEvent = "aborted"  # what a cancellation (client gone) leaves in place
     sent = 0
     try:
-        await _pause(state.cfg.ttft)
+        await _pause(state.cfg.ttft + uncached * state.cfg.prefill_time_per_token)
         pieces = job.pieces[: job.cut] if job.fault in MID_STREAM_FAULTS else job.pieces
         async for batch in _paced(pieces, state.cfg.time_per_token):
             sent += len(batch)

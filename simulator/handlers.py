@@ -5,19 +5,22 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping
+from typing import TypeVar
 
 import prometheus_client as prom
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from simulator.answers import count_prompt_tokens, expected_answer
-from simulator.answers import prompt_key as make_prompt_key
 from simulator.bodies import error_body
 from simulator.delivery import JobResponse, respond_job, stream_job
-from simulator.faults import MID_STREAM_FAULTS, Fault, context_error, cut_point, request_rng
-from simulator.jobs import ChatRequest, ConfigUpdate, Job, answer_pieces
+from simulator.faults import MID_STREAM_FAULTS, Fault, cut_point, request_rng
+from simulator.jobs import ChatRequest, CompletionRequest, ConfigUpdate, Endpoint, Job
+from simulator.plans import Plan, Rejection, chat_plan, completion_plan
 from simulator.state import SimState
+
+R = TypeVar("R", ChatRequest, CompletionRequest)
+RUNTIME_KNOBS = {"max_num_seqs", "time_per_token", "ttft", "prefill_time_per_token"}
 
 OWNER = "eaglegen-simulator"
 
@@ -62,7 +65,7 @@ async def sim_stats(request: Request) -> Response:
 
 
 async def sim_config(request: Request) -> Response:
-    """POST /sim/config: change max_num_seqs / time_per_token / ttft at runtime."""
+    """POST /sim/config: change capacity and pacing (RUNTIME_KNOBS) at runtime."""
     state = _state(request)
     try:
         change = ConfigUpdate.model_validate_json(await request.body())
@@ -70,43 +73,57 @@ async def sim_config(request: Request) -> Response:
         return _error(400, _validation_message(exc), "BadRequestError")
     state.update(change)
     cfg = state.cfg
-    return JSONResponse(cfg.model_dump(include={"max_num_seqs", "time_per_token", "ttft"}))
+    return JSONResponse(cfg.model_dump(include=RUNTIME_KNOBS))
 
 
 async def chat_completions(request: Request) -> Response:
     """POST /v1/chat/completions: validate, plan faults, then stream or answer."""
     state = _state(request)
-    state.stats.requests += 1
-    parsed = await _parse_chat(request)
+    parsed = await _read(request, state, ChatRequest)
     if isinstance(parsed, Response):
-        state.stats.rejected += 1
         return parsed
+    plan = chat_plan(parsed, state.cfg)
+    return _admit(state, plan, "chat", parsed.stream, parsed.include_usage)
+
+
+async def completions(request: Request) -> Response:
+    """POST /v1/completions: a text or token-id prompt, continued exactly."""
+    state = _state(request)
+    parsed = await _read(request, state, CompletionRequest)
+    if isinstance(parsed, Response):
+        return parsed
+    plan = completion_plan(parsed, state.cfg)
+    return _admit(state, plan, "completion", parsed.stream, parsed.include_usage)
+
+
+async def _read(request: Request, state: SimState, model: type[R]) -> R | Response:
+    """Count the request; return it parsed, or the error response that refuses it."""
+    state.stats.requests += 1
+    try:
+        parsed = model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        state.stats.rejected += 1
+        return _error(400, _validation_message(exc), "BadRequestError")
     if parsed.model is not None and parsed.model != state.cfg.model_name:
         state.stats.rejected += 1
         msg = f"The model `{parsed.model}` does not exist."
         return JSONResponse(error_body(404, msg, "NotFoundError", "model"), status_code=404)
-    return _admit(state, parsed)
-
-
-async def _parse_chat(request: Request) -> ChatRequest | Response:
-    try:
-        return ChatRequest.model_validate_json(await request.body())
-    except ValidationError as exc:
-        return _error(400, _validation_message(exc), "BadRequestError")
+    return parsed
 
 
 def _validation_message(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
 
 
-def _admit(state: SimState, req: ChatRequest) -> Response:
-    key = make_prompt_key(req.messages)
-    prompt_tokens = count_prompt_tokens(req.messages)
-    too_long = context_error(prompt_tokens, req.limit, state.cfg.max_model_len)
-    if too_long is not None:
+def _admit(
+    state: SimState, plan: Plan | Rejection, endpoint: Endpoint, stream: bool, usage: bool
+) -> Response:
+    if isinstance(plan, Rejection):
         # Rejected before generation, so it counts neither as an attempt nor a generation.
         state.stats.rejected += 1
-        return _error(400, too_long, "BadRequestError", {"x-sim-key": key})
+        headers = {"x-sim-key": plan.key} if plan.key else {}
+        return _error(400, plan.message, "BadRequestError", headers)
+    key = plan.key
     attempt = state.next_attempt(key)
     rng = request_rng(state.cfg.seed, key, attempt)
     fault = state.plan.decide(key, attempt, rng)
@@ -115,8 +132,8 @@ def _admit(state: SimState, req: ChatRequest) -> Response:
     early = _early_fault(fault, key)
     if early is not None:
         return early
-    job = _build_job(state, req, key, prompt_tokens, fault, rng)
-    body = stream_job if req.stream else respond_job
+    job = _build_job(state, plan, endpoint, usage, fault, rng)
+    body = stream_job if stream else respond_job
     return JobResponse(lambda send: body(state, job, send))
 
 
@@ -133,26 +150,28 @@ def _early_fault(fault: Fault, key: str) -> Response | None:
 
 def _build_job(
     state: SimState,
-    req: ChatRequest,
-    key: str,
-    prompt_tokens: int,
+    plan: Plan,
+    endpoint: Endpoint,
+    include_usage: bool,
     fault: Fault,
     rng: random.Random,
 ) -> Job:
     cfg = state.cfg
-    answer = expected_answer(req.messages, req.limit, cfg, req.thinking)
-    pieces = answer_pieces(answer, cfg.reasoning_field)
-    cut = cut_point(len(pieces), rng) if fault in MID_STREAM_FAULTS else len(pieces)
+    n = len(plan.output.pieces)
     return Job(
-        request_id=state.new_request_id(key),
+        request_id=state.new_request_id(
+            plan.key, "cmpl" if endpoint == "completion" else "chatcmpl"
+        ),
         created=int(time.time()),
         model=cfg.model_name,
-        key=key,
-        prompt_tokens=prompt_tokens,
-        answer=answer,
+        key=plan.key,
+        endpoint=endpoint,
+        prompt_tokens=plan.prompt_tokens,
+        prompt_ids=plan.prompt_ids,
+        return_ids=plan.return_ids,
+        output=plan.output,
         reasoning_field=cfg.reasoning_field,
-        pieces=pieces,
         fault=fault,
-        cut=cut,
-        include_usage=req.include_usage,
+        cut=cut_point(n, rng) if fault in MID_STREAM_FAULTS else n,
+        include_usage=include_usage,
     )

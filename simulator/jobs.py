@@ -1,18 +1,20 @@
-"""What a chat-completion request asks for, and the job (tokens, fault, cut) built from it."""
+"""What a request asks for, and the job (tokens, ids, fault, cut) built from it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from simulator.answers import SimAnswer, inline_tokens
+from simulator.answers import FinishReason, SimAnswer, inline_tokens
 from simulator.config import ReasoningField
 from simulator.faults import Fault
+from simulator.output import RawToken
 
-Kind = Literal["reasoning", "content"]
+Kind = Literal["reasoning", "content", "special"]  # special: a token without text
 Piece = tuple[Kind, str]
+Endpoint = Literal["chat", "completion"]
 
 
 class StreamOptions(BaseModel):
@@ -35,6 +37,18 @@ class ChatRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    return_token_ids: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @model_validator(mode="after")
+    def _check_continuation(self) -> ChatRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            # vLLM's own message for the same mistake.
+            raise ValueError(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+            )
+        return self
 
     @field_validator("messages")
     @classmethod
@@ -60,6 +74,25 @@ class ChatRequest(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+class CompletionRequest(BaseModel):
+    """The part of an OpenAI (legacy) completion request the simulator looks at."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)  # vLLM's default, as OpenAI's
+    temperature: float | None = None  # accepted and ignored: answers are deterministic
+    top_p: float | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    return_token_ids: bool | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed response ends with a usage chunk."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
 class ConfigUpdate(BaseModel):
     """Body of POST /sim/config: the knobs that may change at runtime."""
 
@@ -67,23 +100,45 @@ class ConfigUpdate(BaseModel):
     max_num_seqs: int | None = Field(default=None, ge=1)
     time_per_token: float | None = Field(default=None, ge=0.0)
     ttft: float | None = Field(default=None, ge=0.0)
+    prefill_time_per_token: float | None = Field(default=None, ge=0.0)
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a request generates, in emission order, and how it ends."""
+
+    pieces: list[Piece]
+    piece_ids: list[list[int]]  # the ids of each piece (one each, except legacy fused tags)
+    finish_reason: FinishReason
+    completion_tokens: int
 
 
 @dataclass(frozen=True)
 class Job:
-    """One admitted chat completion: what to send and how it ends."""
+    """One admitted request: what to send and how it ends."""
 
     request_id: str
     created: int
     model: str
     key: str
+    endpoint: Endpoint
     prompt_tokens: int
-    answer: SimAnswer
+    prompt_ids: list[int]
+    return_ids: bool  # send prompt_token_ids / token_ids
+    output: Output
     reasoning_field: ReasoningField
-    pieces: list[Piece]
     fault: Fault
     cut: int
     include_usage: bool
+
+    @property
+    def pieces(self) -> list[Piece]:
+        """The tokens to send, each tagged with the field it goes to."""
+        return self.output.pieces
+
+    def ids_of(self, start: int, end: int) -> list[int]:
+        """Return the ids of pieces [start, end)."""
+        return [i for ids in self.output.piece_ids[start:end] for i in ids]
 
 
 def answer_pieces(answer: SimAnswer, reasoning_field: ReasoningField) -> list[Piece]:
@@ -93,6 +148,16 @@ def answer_pieces(answer: SimAnswer, reasoning_field: ReasoningField) -> list[Pi
     return [("reasoning", t) for t in answer.reasoning_tokens] + [
         ("content", t) for t in answer.content_tokens
     ]
+
+
+def raw_piece(token: RawToken, reasoning_field: ReasoningField) -> Piece:
+    """Return the piece of one raw token: its text goes where vLLM's parser would send it."""
+    if token.role == "end":
+        return ("special", "")
+    if reasoning_field == "inline" or token.role == "content":
+        return ("content", token.text)
+    # The reasoning parser sends the think tags as empty deltas (their ids still travel).
+    return ("reasoning", token.text) if token.role == "reasoning" else ("special", "")
 
 
 def batch_pieces(pieces: list[Piece], size: int) -> list[list[Piece]]:

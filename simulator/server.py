@@ -18,7 +18,15 @@ from starlette.routing import Route
 
 from simulator.config import SimConfig
 from simulator.generation import SimulatedDisconnect
-from simulator.handlers import chat_completions, health, metrics, models, sim_config, sim_stats
+from simulator.handlers import (
+    chat_completions,
+    completions,
+    health,
+    metrics,
+    models,
+    sim_config,
+    sim_stats,
+)
 from simulator.state import SimState
 
 
@@ -35,6 +43,7 @@ def create_app(cfg: SimConfig) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/sim/stats", sim_stats, methods=["GET"]),
         Route("/sim/config", sim_config, methods=["POST"]),

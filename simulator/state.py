@@ -13,6 +13,7 @@ from simulator.bookkeeping import GenerationLog, Metrics, Stats
 from simulator.config import SimConfig
 from simulator.faults import FaultPlan
 from simulator.jobs import ConfigUpdate, Job
+from simulator.prefix_cache import PrefixCache
 
 EndEvent = Literal["completed", "aborted", "stalled", "disconnected"]
 
@@ -27,15 +28,16 @@ class SimState:
         self.stats = Stats()
         self.metrics = Metrics(cfg.model_name, self.slots)
         self.log = GenerationLog(cfg.log_path)
+        self.cache = PrefixCache(cfg.prefix_cache_blocks, cfg.block_size)
         self.attempts: Counter[str] = Counter()
         self.created = int(time.time())
         # Set when the server shuts down so stalled generations let go instead of blocking it.
         self.stopping = asyncio.Event()
         self._ids = itertools.count(1)
 
-    def new_request_id(self, key: str) -> str:
+    def new_request_id(self, key: str, prefix: str = "chatcmpl") -> str:
         """Return a unique request id that also shows the prompt key."""
-        return f"chatcmpl-{key}-{next(self._ids)}"
+        return f"{prefix}-{key}-{next(self._ids)}"
 
     def next_attempt(self, key: str) -> int:
         """Count one more attempt of prompt `key` and return its 1-based number."""
@@ -47,9 +49,18 @@ class SimState:
         self.cfg = self.cfg.model_copy(update=change.model_dump(exclude_none=True))
         self.slots.resize(self.cfg.max_num_seqs)
 
-    def on_start(self, job: Job) -> None:
-        """Record that a generation got a slot."""
+    def on_start(self, job: Job) -> int:
+        """Record that a generation got a slot; return its prompt tokens not in the cache."""
         self.metrics.prompt_tokens.inc(job.prompt_tokens)
+        queried = len(job.prompt_ids)
+        hits = self.cache.lookup(job.prompt_ids)
+        self.cache.insert(job.prompt_ids)
+        self.stats.prefix_cache_queries += queried
+        self.stats.prefix_cache_hits += hits
+        self.stats.prefill_tokens_computed += queried - hits
+        self.metrics.prefix_cache_queries.inc(queried)
+        self.metrics.prefix_cache_hits.inc(hits)
+        return queried - hits
 
     def on_tokens(self, n: int) -> None:
         """Record `n` generated tokens."""
@@ -57,8 +68,10 @@ class SimState:
         self.metrics.generation_tokens.inc(n)
 
     def on_end(self, job: Job, event: EndEvent, sent: int) -> None:
-        """Record the end of a generation in stats, metrics and the log."""
-        finish = job.answer.finish_reason if event == "completed" else None
+        """Record the end of a generation in stats, metrics, the prefix cache and the log."""
+        # vLLM caches the blocks of generated tokens too: a next turn can hit them.
+        self.cache.insert(job.prompt_ids + job.ids_of(0, sent))
+        finish = job.output.finish_reason if event == "completed" else None
         if finish is not None:
             self.stats.completed += 1
             self.stats.generations_by_key[job.key] += 1
@@ -89,5 +102,9 @@ class SimState:
             "peak_running": self.slots.peak,
             "generations_by_key": dict(s.generations_by_key),
             "tokens_generated": s.tokens_generated,
+            "prefill_tokens_computed": s.prefill_tokens_computed,
+            "prefix_cache_queries": s.prefix_cache_queries,
+            "prefix_cache_hits": s.prefix_cache_hits,
+            "prefix_cache_blocks": len(self.cache),
             "max_num_seqs": self.slots.capacity,
         }
