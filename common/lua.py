@@ -207,16 +207,35 @@ if n == 1 then redis.call('PUBLISH', ARGV[2], '1') end
 return n
 """
 
-# KEYS: slots   ARGV: ttl_ms, token...   returns how many had expired and were put back
-# Put back rather than dropped: the request is still running, so counting it is the truth.
+# KEYS: slots   ARGV: ttl_ms, token...   returns the tokens no longer in the set
+# XX: only a lease still in the set is extended. A missing token was either given back after
+# the renewer's snapshot (re-adding it would count a request that is over: phantom capacity)
+# or expired and pruned; the caller tells the two apart and puts back only the second.
 SLOT_RENEW = (
     NOW_MS
     + """
-local lost = 0
+local missing = {}
 for i = 2, #ARGV do
-  lost = lost + redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
+  if redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[1]), ARGV[i]) == 0
+      and not redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+    table.insert(missing, ARGV[i])
+  end
 end
-return lost
+return missing
+"""
+)
+
+# KEYS: slots   ARGV: ttl_ms, token...   returns how many were put back
+# For requests still running whose lease expired (a renewer that fell behind): counting them
+# again is the truth, even if the cap is overshot until one ends.
+SLOT_RESTORE = (
+    NOW_MS
+    + """
+local n = 0
+for i = 2, #ARGV do
+  n = n + redis.call('ZADD', KEYS[1], 'NX', now + tonumber(ARGV[1]), ARGV[i])
+end
+return n
 """
 )
 
