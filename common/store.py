@@ -245,6 +245,14 @@ class RunStore:
         """Every pending id (bounded by the producer's max_pending)."""
         return {str(x) for x in self.r.sscan_iter(self.keys.pending, count=1000)}
 
+    def still_pending(self, ids: set[str]) -> set[str]:
+        """Those of ``ids`` that are still pending."""
+        if not ids:
+            return set()
+        order = list(ids)
+        flags = self.r.smismember(self.keys.pending, order)
+        return {i for i, flag in zip(order, flags, strict=True) if flag}
+
     def leased_ids(self) -> set[str]:
         """Ids with a lease (live or not yet reaped)."""
         return {str(x) for x in self.r.zrange(self.keys.leases, 0, -1)}
