@@ -88,7 +88,7 @@ def test_over_the_scan_limit_the_queue_is_not_read_and_a_lost_sample_is_found_la
     # Workers take the oldest messages (kombu pushes left, pops right) and finish s1..s50.
     for key in stack.queue_keys():
         stack.store.r.ltrim(key, 0, LIMIT - 2)  # s51..s99 stay queued
-    stack.store.r.srem(stack.store.keys.pending, *ids[1:LIMIT + 1])
+    stack.store.r.srem(stack.store.keys.pending, *ids[1 : LIMIT + 1])
     reports = [reconciler.run_once([stack.run_name])[0] for _ in range(2)]
     assert all(report.queue_scanned for report in reports)
     assert republished.ids() == ["s0"]  # two passes agreed; the queued ones stay alone
