@@ -145,6 +145,22 @@ redis.call('HINCRBY', KEYS[4], 'written', n)
 return n
 """
 
+# KEYS: retired, pending, results, ready, collecting, failed, then every other key of the run
+# ARGV: summary json, force (1: retire whatever is left)
+# 1 retired; 0 refused (work not finished or not on disk); -1 already retired. UNLINK: a
+# million-member set is freed in the background, not while Redis blocks.
+RETIRE_RUN = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
+if ARGV[2] ~= '1' and (redis.call('SCARD', KEYS[2]) + redis.call('HLEN', KEYS[3])
+    + redis.call('LLEN', KEYS[4]) + redis.call('LLEN', KEYS[5])
+    + redis.call('HLEN', KEYS[6])) > 0 then
+  return 0
+end
+for i = 2, #KEYS do redis.call('UNLINK', KEYS[i]) end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"""
+
 # KEYS: leases, lease_owner   returns the ids whose lease expired (their holder is gone)
 REAP_EXPIRED = (
     NOW_MS
