@@ -14,7 +14,7 @@ COMPOSE_BIN = $(or $(DOCKER_COMPOSE),$(error neither `docker compose` nor `docke
 # The docker stack; TLS=1 adds docker-compose.tls.yml (Redis speaks TLS only).
 COMPOSE = $(COMPOSE_BIN) -f docker-compose.yml $(if $(filter 1,$(TLS)),-f docker-compose.tls.yml)
 
-.PHONY: test-compose chaos help install install-dev demo test test-unit test-vllm test-trainers lint format bench up down logs ps enqueue worker-host worker collector flower redis clean
+.PHONY: soak test-compose chaos help install install-dev demo test test-unit test-vllm test-trainers lint format bench up down logs ps enqueue worker-host worker collector flower redis clean
 
 help:
 	@echo "make demo      run the bundled prompts end to end (simulator, worker, collector)"
@@ -23,6 +23,7 @@ help:
 	@echo "make test-trainers  SpecForge and speculators read the exported data (own venv)"
 	@echo "make lint      ruff + mypy"
 	@echo "make bench     capacity benchmarks vs a baseline script (a few minutes)"
+	@echo "make soak      100k zero-latency samples: worker RSS, log bytes, Redis per run"
 	@echo "make up/down   docker compose stack (WORKERS=N, TLS=1); make logs, make ps"
 	@echo "make test-compose  the stack for real on a docker engine (installs one if root)"
 	@echo "make worker    a worker from .venv; make worker-host: docker workers on another host"
@@ -127,6 +128,11 @@ chaos: install-dev
 bench: install-dev redis
 	$(PY) bench/bench_capacity.py
 	$(PY) bench/bench_tokenize.py --rows 20000 --json bench/results/tokenize.json
+
+# 100k zero-latency samples through 2 workers x 32 (Redis db 12, about 8 min on 2 cores): RSS per
+# worker at each 10k, log bytes per 1,000 samples, Redis bytes before and after retiring the run.
+soak: install-dev redis
+	$(PY) bench/soak.py --samples $${SOAK_SAMPLES:-100000}
 
 clean:
 	rm -rf $(VENV) .trainers-venv .mypy_cache .ruff_cache .pytest_cache out .eaglegen

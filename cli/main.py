@@ -158,6 +158,8 @@ def status(
     settings = load_settings(run=run)
     store = open_store(settings)
     if not store.exists() and not watch:
+        if (summary := store.retired_summary()) is not None:
+            fail(f"run {settings.run!r} is retired: {json.dumps(summary)}")
         fail(f"no run named {settings.run!r} in {redact_url(settings.redis_url)}")
     if watch:
         status_view.watch(out, store, settings, interval)
@@ -228,11 +230,11 @@ def demo(
 
 def _register_plugins() -> None:
     # Other roles register their own commands; a missing extra only disables those.
-    from cli import endpoints_cmd
+    from cli import endpoints_cmd, runs_cmd
     from simulator import cli as simulator_cli
     from training import cli as training_cli
 
-    for module in (simulator_cli, training_cli, endpoints_cmd):
+    for module in (simulator_cli, training_cli, endpoints_cmd, runs_cmd):
         module.register(app)
 
 

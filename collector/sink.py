@@ -3,19 +3,21 @@
 A file belongs to one run and one collector at a time. Before anything else, the file is
 locked at the OS level (a second collector on it is refused at once, even if the first is
 paused) and its first line is checked: a file of another run, or one that is not EagleGen's
-output, is refused and left byte for byte as it was.
+output, is refused and left byte for byte as it was. The ids already in the file come from its
+index (``collector/id_index.py``) and the lines written since, so a restart costs the new
+lines, not the whole file.
 """
 
 from __future__ import annotations
 
 import fcntl
-import io
 import json
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
+from collector.id_index import IdIndex, last_newline_end
 from common.errors import ConfigError
 
 log = logging.getLogger("eaglegen.collector")
@@ -32,6 +34,8 @@ class JsonlSink:
         self.run = run
         self.ids: set[str] = set()
         self.repaired_bytes = 0
+        self.scanned_bytes = 0  # read at start-up: only what the id index did not cover
+        self.index = IdIndex(path)
         if path.is_dir():
             raise ConfigError(f"--out {path} is a folder; give a file such as {path}/run.jsonl")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -76,7 +80,7 @@ class JsonlSink:
         # A crash mid-write leaves a partial last line: cut it, its result is still in Redis.
         with self.path.open("r+b") as fh:
             size = fh.seek(0, os.SEEK_END)
-            end = _last_newline_end(fh, size)
+            end = last_newline_end(fh, size)
             if end < size:
                 fh.truncate(end)
                 fh.flush()
@@ -85,24 +89,44 @@ class JsonlSink:
                 log.warning("%s: removed a partial last line (%d bytes)", self.path, size - end)
 
     def _load_ids(self) -> None:
+        size = self.path.stat().st_size
+        loaded = self.index.load(size)
+        if loaded is None:  # no usable index: read the whole file once, and index it
+            self.index.reset()
+            loaded = [], 0
+        known, covered = loaded
+        self.ids = set(known)
+        fresh = self._scan(covered)
+        self.index.append(fresh, size)
+
+    def _scan(self, start: int) -> list[str]:
+        found: list[str] = []
         with self.path.open("rb") as fh:
-            for number, line in enumerate(fh, 1):
+            fh.seek(start)
+            offset = start
+            for line in fh:
                 try:
-                    self.ids.add(str(json.loads(line)["id"]))
+                    found.append(str(json.loads(line)["id"]))
                 except (ValueError, KeyError, TypeError):
-                    log.warning("%s:%d: not a record line, left as is", self.path, number)
+                    log.warning("%s: not a record line at byte %d, left as is", self.path, offset)
+                offset += len(line)
+        self.scanned_bytes = offset - start
+        self.ids.update(found)
+        return found
 
     def append(self, items: list[tuple[str, str]]) -> int:
         """Write (id, json) lines whose id is new, then flush and fsync; returns lines written."""
-        fresh: list[str] = []
+        fresh: list[tuple[str, str]] = []
         for sample_id, line in items:
             if sample_id not in self.ids:
                 self.ids.add(sample_id)
-                fresh.append(line)
+                fresh.append((sample_id, line))
         if fresh:
-            self._fh.write(("\n".join(fresh) + "\n").encode("utf-8"))
+            self._fh.write(("\n".join(line for _, line in fresh) + "\n").encode("utf-8"))
             self._fh.flush()
             os.fsync(self._fh.fileno())
+            # After the lines are on disk: the index never names a line the file lacks.
+            self.index.append([sample_id for sample_id, _ in fresh], self._fh.tell())
         return len(fresh)
 
     def close(self) -> None:
@@ -125,17 +149,3 @@ def _as_record(line: bytes) -> dict[str, Any] | None:
     if isinstance(data, dict) and "schema" in data and "id" in data and "run" in data:
         return data
     return None
-
-
-def _last_newline_end(fh: io.BufferedRandom, size: int) -> int:
-    """Offset just after the last newline (0 if none), scanning back in blocks."""
-    pos = size
-    while pos > 0:
-        start = max(0, pos - 65536)
-        fh.seek(start)
-        block = fh.read(pos - start)
-        found = block.rfind(b"\n")
-        if found >= 0:
-            return start + found + 1
-        pos = start
-    return 0

@@ -23,6 +23,10 @@ class RunMismatch(ConfigError):
     """A run already exists with other generation parameters."""
 
 
+class RunRetired(ConfigError):
+    """The run was retired: its ids are gone, so nothing can be added to it."""
+
+
 class GenerationError(EagleGenError):
     """A model call failed; subclasses say whether trying again can help."""
 

@@ -14,6 +14,11 @@ def runs_key(prefix: str) -> str:
     return f"{prefix}:runs"
 
 
+def retired_runs_key(prefix: str) -> str:
+    """The set of retired run names (each keeps only its ``RunKeys.retired`` summary)."""
+    return f"{prefix}:retired_runs"
+
+
 def reconciler_lock_key(prefix: str) -> str:
     """Held by the one worker process running a reconciliation pass."""
     return f"{prefix}:reconciler_lock"
@@ -179,6 +184,12 @@ class RunKeys:
     def collector_lock(self) -> str:
         """String held by the one collector allowed to write this run."""
         return self._key("collector_lock")
+
+    @property
+    def retired(self) -> str:
+        """JSON summary of a retired run: all that is left of it (with the hash tag, so the
+        script that retires a run touches one Redis Cluster slot)."""
+        return self._key("retired")
 
     def all_keys(self) -> list[str]:
         """Every key of the run (for deletion)."""

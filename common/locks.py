@@ -6,6 +6,8 @@ which every holder here needs on each turn of its loop.
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections.abc import Callable, Iterator
 
 import redis
 from redis.exceptions import LockError
@@ -18,6 +20,7 @@ class HeldLock:
         # thread_local=False: the lock belongs to the process's loop, whatever thread renews it.
         self._lock = client.lock(name, timeout=ttl_s, blocking=False, thread_local=False)
         self.name = name
+        self._ttl = ttl_s
 
     def hold(self) -> bool:
         """Take the lock if free, or extend it to a full TTL if ours; False if another has it."""
@@ -27,6 +30,35 @@ class HeldLock:
             except LockError:
                 self._lock.local.token = None  # expired and perhaps taken: start again
         return bool(self._lock.acquire(blocking=False))
+
+    @contextlib.contextmanager
+    def kept(self) -> Iterator[Callable[[], bool]]:
+        """Keep the (held) lock extended while the body runs, however long it takes.
+
+        Yields a check that turns False once an extension failed: another process may hold the
+        lock now, and the body should stop acting on the lock's behalf.
+        """
+        done, lost = threading.Event(), threading.Event()
+
+        def extend() -> None:
+            while not done.wait(self._ttl / 3):
+                if not self._extended():
+                    lost.set()
+                    return
+
+        thread = threading.Thread(target=extend, name=f"keep-{self.name}", daemon=True)
+        thread.start()
+        try:
+            yield lambda: not lost.is_set()
+        finally:
+            done.set()
+            thread.join()
+
+    def _extended(self) -> bool:
+        try:
+            return self.hold()
+        except redis.RedisError:
+            return False
 
     @property
     def token(self) -> str | None:

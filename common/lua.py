@@ -145,6 +145,22 @@ redis.call('HINCRBY', KEYS[4], 'written', n)
 return n
 """
 
+# KEYS: retired, pending, results, ready, collecting, failed, then every other key of the run
+# ARGV: summary json, force (1: retire whatever is left)
+# 1 retired; 0 refused (work not finished or not on disk); -1 already retired. UNLINK: a
+# million-member set is freed in the background, not while Redis blocks.
+RETIRE_RUN = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
+if ARGV[2] ~= '1' and (redis.call('SCARD', KEYS[2]) + redis.call('HLEN', KEYS[3])
+    + redis.call('LLEN', KEYS[4]) + redis.call('LLEN', KEYS[5])
+    + redis.call('HLEN', KEYS[6])) > 0 then
+  return 0
+end
+for i = 2, #KEYS do redis.call('UNLINK', KEYS[i]) end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"""
+
 # KEYS: leases, lease_owner   returns the ids whose lease expired (their holder is gone)
 REAP_EXPIRED = (
     NOW_MS
@@ -207,16 +223,35 @@ if n == 1 then redis.call('PUBLISH', ARGV[2], '1') end
 return n
 """
 
-# KEYS: slots   ARGV: ttl_ms, token...   returns how many had expired and were put back
-# Put back rather than dropped: the request is still running, so counting it is the truth.
+# KEYS: slots   ARGV: ttl_ms, token...   returns the tokens no longer in the set
+# XX: only a lease still in the set is extended. A missing token was either given back after
+# the renewer's snapshot (re-adding it would count a request that is over: phantom capacity)
+# or expired and pruned; the caller tells the two apart and puts back only the second.
 SLOT_RENEW = (
     NOW_MS
     + """
-local lost = 0
+local missing = {}
 for i = 2, #ARGV do
-  lost = lost + redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
+  if redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[1]), ARGV[i]) == 0
+      and not redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+    table.insert(missing, ARGV[i])
+  end
 end
-return lost
+return missing
+"""
+)
+
+# KEYS: slots   ARGV: ttl_ms, token...   returns how many were put back
+# For requests still running whose lease expired (a renewer that fell behind): counting them
+# again is the truth, even if the cap is overshot until one ends.
+SLOT_RESTORE = (
+    NOW_MS
+    + """
+local n = 0
+for i = 2, #ARGV do
+  n = n + redis.call('ZADD', KEYS[1], 'NX', now + tonumber(ARGV[1]), ARGV[i])
+end
+return n
 """
 )
 

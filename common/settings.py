@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     # A dead worker's samples run again within lease_ttl + reconcile_interval (about a minute).
     lease_ttl: float = Field(default=45.0, gt=0)
     reconcile_interval: float = Field(default=15.0, gt=0)
+    # Queued messages a reconciler pass reads at most (~0.1 ms each): above it, the pass skips
+    # the queue (see worker/reconcile.py), so its cost does not grow with max_pending.
+    reconcile_scan_max: int = Field(default=20_000, ge=0)
     # After SIGTERM, in-flight generations get this long to finish before being handed back.
     shutdown_grace: float = Field(default=20.0, ge=0)
     # None: derived from the longest turn plus backoff (see ``effective_visibility_timeout``).

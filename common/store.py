@@ -16,8 +16,8 @@ from typing import Literal
 import redis
 
 from common import errors, lua
-from common.errors import RunMismatch
-from common.keys import RunKeys, runs_key
+from common.errors import RunMismatch, RunRetired
+from common.keys import RunKeys, retired_runs_key, runs_key
 from common.locks import HeldLock
 from common.models import Failure, GenParams, Sample, TurnResult
 from common.redis_url import is_sentinel, sentinel_master_client
@@ -27,6 +27,8 @@ SOCKET_TIMEOUT_S = 10.0
 LeaseOutcome = Literal["ok", "done", "leased"]
 StoreOutcome = Literal["stored", "duplicate", "lease_lost"]
 _STORE_OUTCOMES: dict[int, StoreOutcome] = {1: "stored", 0: "duplicate", -1: "lease_lost"}
+RetireOutcome = Literal["retired", "unfinished", "already"]
+_RETIRE_OUTCOMES: dict[int, RetireOutcome] = {1: "retired", 0: "unfinished", -1: "already"}
 
 
 @dataclass(frozen=True)
@@ -92,11 +94,14 @@ class RunStore:
         self._reap_expired = reg(lua.REAP_EXPIRED)
         self._requeue_result = reg(lua.REQUEUE_RESULT)
         self._count_expired = reg(lua.COUNT_EXPIRED)
+        self._retire = reg(lua.RETIRE_RUN)
 
     # -- run metadata -------------------------------------------------------------------
     def ensure_params(self, params: GenParams, queue: str | None = None) -> None:
         """Record the run's parameters and queue, or fail if the run exists with other ones."""
         wanted = params.model_dump_json()
+        if (summary := self.retired_summary()) is not None:
+            raise RunRetired(_retired_line(self.run, summary))
         self.r.sadd(runs_key(self.prefix), self.run)
         self.r.hsetnx(self.keys.meta, "created_at", repr(time.time()))
         if queue is not None:
@@ -245,6 +250,14 @@ class RunStore:
         """Every pending id (bounded by the producer's max_pending)."""
         return {str(x) for x in self.r.sscan_iter(self.keys.pending, count=1000)}
 
+    def still_pending(self, ids: set[str]) -> set[str]:
+        """Those of ``ids`` that are still pending."""
+        if not ids:
+            return set()
+        order = list(ids)
+        flags = self.r.smismember(self.keys.pending, order)
+        return {i for i, flag in zip(order, flags, strict=True) if flag}
+
     def leased_ids(self) -> set[str]:
         """Ids with a lease (live or not yet reaped)."""
         return {str(x) for x in self.r.zrange(self.keys.leases, 0, -1)}
@@ -333,6 +346,61 @@ class RunStore:
             started_at=float(created) if created else None,
         )  # fmt: skip
 
+    # -- lifecycle ----------------------------------------------------------------------
+    def state(self, counts: RunCounts) -> str:
+        """'retired', 'complete' (all answered or failed, answers on disk), 'collecting'
+        (all answered, not all on disk), 'running' or 'empty'."""
+        if self.r.exists(self.keys.retired):
+            return "retired"
+        if counts.total == 0:
+            return "empty"
+        if counts.complete:
+            return "complete"
+        return "collecting" if counts.pending == 0 else "running"
+
+    def memory_bytes(self) -> int:
+        """Redis memory the run's keys use (MEMORY USAGE; sampled for big sets and hashes)."""
+        pipe = self.r.pipeline(transaction=False)
+        for key in [*self.keys.all_keys(), self.keys.retired]:
+            pipe.memory_usage(key)
+        return sum(int(n) for n in pipe.execute() if n is not None)
+
+    def retired_summary(self) -> dict[str, object] | None:
+        """What is left of a retired run, or None if it is not retired."""
+        raw = self.r.get(self.keys.retired)
+        return json.loads(str(raw)) if raw else None
+
+    def retire(self, force: bool = False) -> RetireOutcome:
+        """Remove the run's keys and keep a small summary, if every sample is written (or
+        ``force``). 'unfinished' when work is left: pending, unwritten or failed samples."""
+        k = self.keys
+        summary = self._summary(force)
+        checked = [k.pending, k.results, k.ready, k.collecting, k.failed]
+        others = [key for key in k.all_keys() if key not in checked]
+        keys = [k.retired, *checked, *others]
+        code = int(self._retire(keys=keys, args=[summary, int(force)]))
+        outcome = _RETIRE_OUTCOMES[code]
+        if outcome != "unfinished":
+            self.r.srem(runs_key(self.prefix), self.run)
+            self.r.sadd(retired_runs_key(self.prefix), self.run)
+        return outcome
+
+    def _summary(self, force: bool) -> str:
+        counts = self.counts()
+        meta = self.r.hgetall(self.keys.meta)
+        return json.dumps({
+            "run": self.run, "total": counts.total, "written": counts.written,
+            "failed": counts.failed, "unfinished": counts.total - counts.written - counts.failed,
+            "completion_tokens": counts.completion_tokens, "created_at": counts.started_at,
+            "retired_at": time.time(), "forced": force, "queue": meta.get("queue"),
+            "params": json.loads(meta["params"]) if meta.get("params") else None,
+        })  # fmt: skip
+
+    @staticmethod
+    def retired_runs(client: redis.Redis, prefix: str) -> list[str]:
+        """Names of every retired run in this Redis."""
+        return sorted(str(x) for x in client.smembers(retired_runs_key(prefix)))
+
     @staticmethod
     def known_runs(client: redis.Redis, prefix: str) -> list[str]:
         """Names of every run in this Redis."""
@@ -342,6 +410,15 @@ class RunStore:
         """Remove every key of the run."""
         self.r.delete(*self.keys.all_keys())
         self.r.srem(runs_key(self.prefix), self.run)
+
+
+def _retired_line(run: str, summary: dict[str, object]) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(str(summary["retired_at"]))))
+    return (
+        f"run {run!r} was retired on {when} ({summary['written']} samples written, "
+        f"{summary['failed']} failed); its ids are gone, so nothing can be added to it: "
+        "use a new --run"
+    )
 
 
 def _describe_diff(stored: GenParams, wanted: GenParams) -> str:

@@ -36,7 +36,12 @@ class FakeTable:
         self.taken[slot.endpoint].discard(slot.token)
 
     def renew(self, slots):
-        return 0
+        return [s for s in slots if s.token not in self.taken[s.endpoint]]
+
+    def restore(self, slots):
+        for slot in slots:
+            self.taken[slot.endpoint].add(slot.token)
+        return len(slots)
 
     def report_health(self, endpoint, state, message=""):
         self.reported[endpoint] = (state, message)

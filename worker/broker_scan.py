@@ -29,6 +29,14 @@ class MessageRef:
     since: float
 
 
+def queued_count(client: redis.Redis, queue: str) -> int:
+    """Messages waiting in ``queue`` (all priority sub-queues), in O(1)."""
+    pipe = client.pipeline(transaction=False)
+    for name in queue_lists(queue):
+        pipe.llen(name)
+    return sum(int(n) for n in pipe.execute())
+
+
 def queued_refs(client: redis.Redis, queue: str) -> Iterator[MessageRef]:
     """Every generate-task message waiting in ``queue`` (all priority sub-queues)."""
     for name in queue_lists(queue):

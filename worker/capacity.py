@@ -72,6 +72,7 @@ class SlotTable:
         self._acquire = client.register_script(lua.SLOT_ACQUIRE)
         self._release = client.register_script(lua.SLOT_RELEASE)
         self._renew = client.register_script(lua.SLOT_RENEW)
+        self._restore = client.register_script(lua.SLOT_RESTORE)
         self._snapshot = client.register_script(lua.SLOT_SNAPSHOT)
 
     def slots_key(self, endpoint: str) -> str:
@@ -97,15 +98,20 @@ class SlotTable:
         """Give a slot back and wake waiters everywhere."""
         self._release(keys=[self.slots_key(slot.endpoint)], args=[slot.token, self.channel])
 
-    def renew(self, slots: Collection[Slot]) -> int:
-        """Extend our leases; returns how many had already expired (then counted again)."""
-        by_endpoint: dict[str, list[str]] = {}
-        for slot in slots:
-            by_endpoint.setdefault(slot.endpoint, []).append(slot.token)
-        lost = 0
-        for url, tokens in by_endpoint.items():
-            lost += int(self._renew(keys=[self.slots_key(url)], args=[self.ttl_ms, *tokens]))
-        return lost
+    def renew(self, slots: Collection[Slot]) -> list[Slot]:
+        """Extend the leases still in Redis; returns the slots that were not there."""
+        missing: list[Slot] = []
+        for url, tokens in _by_endpoint(slots).items():
+            gone = self._renew(keys=[self.slots_key(url)], args=[self.ttl_ms, *tokens])
+            missing += [Slot(url, str(token)) for token in gone]
+        return missing
+
+    def restore(self, slots: Collection[Slot]) -> int:
+        """Put back leases that expired while their request still runs; returns how many."""
+        restored = 0
+        for url, tokens in _by_endpoint(slots).items():
+            restored += int(self._restore(keys=[self.slots_key(url)], args=[self.ttl_ms, *tokens]))
+        return restored
 
     def snapshot(self) -> list[EndpointView]:
         """Every configured endpoint's in-flight count, cap and state."""
@@ -148,6 +154,13 @@ class SlotTable:
         back = bool(self.r.srem(self.drained_key, endpoint))
         self.r.publish(self.channel, "undrain")
         return back
+
+
+def _by_endpoint(slots: Collection[Slot]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for slot in slots:
+        grouped.setdefault(slot.endpoint, []).append(slot.token)
+    return grouped
 
 
 class FreeSignal:

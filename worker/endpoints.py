@@ -269,15 +269,26 @@ class EndpointPool:
     def _renew_loop(self) -> None:
         # By time, not by stream progress: a request the server queues for minutes is still ours.
         while not self._stop.wait(self.settings.slot_ttl / 3):
-            with self._lock:
-                held = list(self._held)
             try:
-                lost = self.table.renew(held)
+                self.renew_slots()
             except redis.RedisError as exc:
                 log.warning("slot renewal failed: %s", exc)
-                continue
-            if lost:
-                log.warning("%d slot leases had expired before renewal; counted again", lost)
+
+    def renew_slots(self) -> int:
+        """Extend the leases of held slots; returns how many had expired and were put back."""
+        with self._lock:
+            held = list(self._held)
+        missing = self.table.renew(held)
+        if not missing:
+            return 0
+        # Under the lock: a release discards its slot under it before deleting the lease, so
+        # a slot still held here is deleted after we put it back, never before.
+        with self._lock:
+            running = [slot for slot in missing if slot in self._held]
+            restored = self.table.restore(running) if running else 0
+        if restored:
+            log.warning("%d slot leases had expired before renewal; counted again", restored)
+        return restored
 
     def _listen(self) -> None:
         self.signal.listen(self.r, self.table.channel, self._stop)

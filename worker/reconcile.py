@@ -8,6 +8,13 @@ A sample is re-published only when two passes in a row find it lost: a message i
 neither the queue nor the unacked hash while a worker takes it, and the producer stores a
 sample just before publishing it. A duplicate would be harmless (the worker acks it without
 calling the model) but could sit behind the whole queue while its sample waits.
+
+A pass's cost is bounded whatever ``max_pending`` is: it decodes the waiting messages only
+when there are at most ``reconcile_scan_max`` of them. Above that it checks only the samples
+it can judge without the queue (delivered messages, expired leases): a dead worker's samples
+come back as fast as ever, and a sample whose message vanished is found once the queue is
+short again (at the latest when the producer's input is all queued and the queue drains).
+One process passes at a time, and its lock is extended while a pass runs.
 """
 
 from __future__ import annotations
@@ -25,10 +32,15 @@ from common.keys import reconciler_lock_key
 from common.locks import HeldLock
 from common.settings import Settings
 from common.store import RunStore
-from worker.broker_scan import MessageRef, queued_refs, unacked_refs
+from worker.broker_scan import MessageRef, queued_count, queued_refs, unacked_refs
 
 log = logging.getLogger("eaglegen.reconcile")
 Publish = Callable[[str, list[str]], object]
+Keep = Callable[[], bool]
+
+
+def _always() -> bool:
+    return True
 
 
 @dataclass
@@ -40,6 +52,7 @@ class RunReport:
     expired_leases: list[str] = field(default_factory=list)
     republished: list[str] = field(default_factory=list)
     results_relisted: list[str] = field(default_factory=list)
+    queue_scanned: bool = True
 
     @property
     def fixed(self) -> int:
@@ -52,6 +65,7 @@ class RunReport:
             f"run {self.run}: pending {self.pending}, expired leases "
             f"{len(self.expired_leases)}, re-enqueued {len(self.republished)}, results "
             f"re-listed for the collector {len(self.results_relisted)}"
+            + ("" if self.queue_scanned else " (queue too long to scan: lost messages later)")
         )
 
 
@@ -77,12 +91,17 @@ class Reconciler:
         self.publish = publish
         self._suspects: dict[str, set[str]] = {}  # run -> lost in the previous pass
 
-    def run_once(self, runs: list[str] | None = None) -> list[RunReport]:
-        """One pass; returns a report per run that has pending work or a fix."""
+    def run_once(self, runs: list[str] | None = None, keep: Keep = _always) -> list[RunReport]:
+        """One pass; returns a report per run. ``keep`` False: the lock was lost, stop."""
         names = [r for r in runs or RunStore.known_runs(self.r, self.settings.key_prefix)
                  if self._serves(r)]  # fmt: skip
-        refs = self._message_refs()
-        reports = [self._reconcile(name, refs.get(name, [])) for name in names]
+        scanned = queued_count(self.r, self.settings.queue) <= self.settings.reconcile_scan_max
+        refs = self._message_refs(scanned)
+        reports = []
+        for name in names:
+            if not keep():
+                break
+            reports.append(self._reconcile(name, refs.get(name, []), scanned, keep))
         for report in reports:
             if report.fixed or report.expired_leases:
                 log.warning("reconciled %s", report.line())
@@ -94,17 +113,20 @@ class Reconciler:
         queue = RunStore(self.r, self.settings.key_prefix, run).queue()
         return (queue or Settings.model_fields["queue"].default) == self.settings.queue
 
-    def _message_refs(self) -> dict[str, list[MessageRef]]:
+    def _message_refs(self, scan_queue: bool) -> dict[str, list[MessageRef]]:
+        # Delivered messages are bounded by the workers' prefetch: always read.
+        queued = queued_refs(self.r, self.settings.queue) if scan_queue else iter(())
         by_run: dict[str, list[MessageRef]] = defaultdict(list)
-        for ref in [*queued_refs(self.r, self.settings.queue), *unacked_refs(self.r)]:
+        for ref in [*queued, *unacked_refs(self.r)]:
             by_run[ref.run].append(ref)
         return by_run
 
-    def _reconcile(self, run: str, refs: list[MessageRef]) -> RunReport:
+    def _reconcile(
+        self, run: str, refs: list[MessageRef], scanned: bool, keep: Keep
+    ) -> RunReport:  # fmt: skip
         store = RunStore(self.r, self.settings.key_prefix, run)
-        report = RunReport(run, expired_leases=store.reap_expired_leases())
-        pending = store.pending_ids()
-        report.pending = len(pending)
+        report = RunReport(run, expired_leases=store.reap_expired_leases(), queue_scanned=scanned)
+        pending = self._candidates(store, report, refs)
         if pending:
             lost = lost_samples(
                 pending, store.leased_ids(), refs, time.time(), self.settings.lease_ttl
@@ -112,10 +134,20 @@ class Reconciler:
             confirmed = lost & self._suspects.get(run, set())
             self._suspects[run] = lost - confirmed
             report.republished = sorted(confirmed)
-            if confirmed:
+            if confirmed and keep():
                 self.publish(run, report.republished)
         report.results_relisted = [i for i in store.orphan_results() if store.requeue_result(i)]
         return report
+
+    def _candidates(self, store: RunStore, report: RunReport, refs: list[MessageRef]) -> set[str]:
+        """The pending ids this pass can judge: all of them when the queue was read."""
+        if report.queue_scanned:
+            pending = store.pending_ids()
+            report.pending = len(pending)
+            return pending
+        report.pending = store.pending_count()
+        judged = {ref.sample_id for ref in refs if not ref.queued} | set(report.expired_leases)
+        return store.still_pending(judged)
 
 
 class ReconcilerLoop:
@@ -144,6 +176,15 @@ class ReconcilerLoop:
         while not self._stop.wait(self.interval):
             try:
                 if self._lock.hold():
-                    self.reconciler.run_once()
+                    self._pass()
             except redis.RedisError as exc:
                 log.warning("reconciliation skipped: %s", exc)
+
+    def _pass(self) -> None:
+        started = time.monotonic()
+        # Extended while the pass runs: a slow pass must not overlap another process's.
+        with self._lock.kept() as keep:
+            self.reconciler.run_once(keep=keep)
+        took = time.monotonic() - started
+        if took > self.interval:
+            log.warning("a reconciliation pass took %.1f s (interval %.0f s)", took, self.interval)

@@ -1,0 +1,107 @@
+"""Soak: many zero-latency turns through real workers; what grows with the work.
+
+    python bench/soak.py --samples 100000 --workers 2 --concurrency 32
+
+One simulator answering at once, WORKERS worker processes at the default log level, one
+collector, a producer feeding the run in the background under backpressure. Reports, as JSON:
+each worker's RSS at every 10,000 samples written, log bytes per 1,000 samples (workers and
+collector, start-up excluded), the run's Redis bytes before and after ``runs retire``, and the
+collector's restart time on the file. Uses its own key prefix and queue in Redis db 12 (or
+``--redis-url``) and deletes them afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from stack import Stack, rss_mib, wait_until, write_prompts
+
+ZERO_LATENCY = ("--time-per-token", "0", "--ttft", "0", "--max-answer-tokens", "16",
+                "--reasoning-tokens", "0", "--max-num-seqs", "256")  # fmt: skip
+STEP = 10_000
+
+
+def _log_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*.log") if not p.name.startswith("sim"))
+
+
+def _series(stack: Stack, workers: list, total: int, run: str) -> list[dict[str, object]]:
+    store, points, mark = stack.store(run), [], STEP
+    started = time.monotonic()
+    while mark <= total:
+        wait_until(lambda m=mark: store.counts().written >= m, 3600, f"{mark} samples written")
+        rss = [round(rss_mib(w.pid), 1) for w in workers]
+        points.append(
+            {"written": mark, "seconds": round(time.monotonic() - started), "rss_mib": rss}
+        )
+        print(json.dumps(points[-1]), file=sys.stderr, flush=True)
+        mark += STEP
+    return points
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--samples", type=int, default=100_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        Stack(args.redis_url, Path(folder), "soak") as stack,
+    ):
+        print(json.dumps(_soak(stack, Path(folder), args), indent=1))
+
+
+def _soak(stack: Stack, folder: Path, args: argparse.Namespace) -> dict[str, object]:
+    sim = stack.simulator(*ZERO_LATENCY)
+    stack.env["EAGLEGEN_ENDPOINTS"] = sim.endpoint
+    stack.env["EAGLEGEN_MAX_INFLIGHT"] = "256"
+    run, out = "soak", folder / "soak.jsonl"
+    workers = [stack.start("worker", ["worker", "--concurrency", str(args.concurrency)], {})
+               for _ in range(args.workers)]  # fmt: skip
+    stack.warm_up(folder)
+    collector = stack.collector(run, out)
+    logs_before = _log_bytes(stack.dir)
+    source = write_prompts(folder / "prompts.jsonl", args.samples, "soak")
+    feeder = threading.Thread(target=stack.enqueue, args=(run, source), daemon=True)
+    feeder.start()
+    series = _series(stack, workers, args.samples, run)
+    stack.wait_done(run, 600)
+    logs = _log_bytes(stack.dir) - logs_before
+    stack.stop(collector)
+    return {
+        "samples": args.samples, "workers": args.workers, "concurrency": args.concurrency,
+        "rss_series": series, "log_bytes_per_1000_samples": round(logs * 1000 / args.samples),
+        **_retire(stack, run), "collector_restart_s": _restart(stack, out),
+    }  # fmt: skip
+
+
+def _retire(stack: Stack, run: str) -> dict[str, int]:
+    store = stack.store(run)
+    before = store.memory_bytes()
+    assert store.retire() == "retired"
+    return {
+        "redis_bytes_run_before_retire": before,
+        "redis_bytes_retired_run": store.memory_bytes(),
+    }
+
+
+def _restart(stack: Stack, out: Path) -> float:
+    from collector.sink import JsonlSink
+
+    started = time.perf_counter()
+    JsonlSink(out, "soak").close()
+    return round(time.perf_counter() - started, 3)
+
+
+if __name__ == "__main__":
+    main()
