@@ -31,6 +31,9 @@ SERVER_ENV = {
     "VLLM_NO_USAGE_STATS": "1",  # usage reporting would reach outside loopback
     "DO_NOT_TRACK": "1",
     "VLLM_HOST_IP": "127.0.0.1",  # the engine's internal sockets stay on loopback too
+    # The engine's stats line every second (default 10 s): the metrics tests read it as a
+    # second view of the scheduler beside /metrics, whose gauges lag by seconds.
+    "VLLM_LOG_STATS_INTERVAL": "1",
 }
 
 
@@ -67,6 +70,12 @@ class Server:
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.procs.logs(chars)
+
+    def logged_load(self) -> list[tuple[float, float]]:
+        """(running, waiting) from every stats line the server logged so far."""
+        text = self.procs.logs(10**9)
+        found = re.findall(r"Running: (\d+) reqs, Waiting: (\d+) reqs", text)
+        return [(float(r), float(w)) for r, w in found]
 
     def healthy(self) -> bool:
         if self.proc.poll() is not None:
