@@ -5,7 +5,6 @@ Real files in a temporary folder. A probe shows what was read: an early line rew
 """
 
 import json
-import time
 
 from collector.sink import JsonlSink
 
@@ -55,7 +54,9 @@ def test_a_missing_index_means_one_full_scan_and_a_new_index(tmp_path):
     sink = JsonlSink(path, "r")
     assert "xx0000000" in sink.ids and sink.scanned_bytes == path.stat().st_size
     sink.close()
-    assert JsonlSink(path, "r").scanned_bytes == 0
+    again = JsonlSink(path, "r")
+    assert again.scanned_bytes == 0
+    again.close()
 
 
 def test_an_index_longer_than_a_cut_file_falls_back_to_what_the_file_holds(tmp_path):
@@ -91,12 +92,11 @@ def test_a_torn_index_tail_is_dropped(tmp_path):
     assert b"id0000999" not in _index(path).read_bytes()
 
 
-def test_start_up_on_a_200k_line_file_with_its_index_reads_nothing_and_is_fast(tmp_path):
+def test_start_up_on_a_200k_line_file_with_its_index_reads_no_line(tmp_path):
+    # Reads nothing of the file but its last line: the time it takes is measured by
+    # bench/collector_startup.py (0.31 s at 1M lines of 1 KB), not asserted here.
     path = tmp_path / "out.jsonl"
     _write(path, range(200_000))
-    started = time.perf_counter()
     sink = JsonlSink(path, "r")
-    took = time.perf_counter() - started
     assert sink.scanned_bytes == 0 and len(sink.ids) == 200_000
-    assert took < 1.0  # measured ~0.1 s; 1M lines in bench/collector_startup.py
     sink.close()
