@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -27,8 +27,6 @@ class MessageRef:
     sample_id: str
     queued: bool
     since: float
-    tag: str = ""  # kombu's delivery tag (delivered messages)
-    eta: bool = False  # ``since`` is a retry's ETA, not a delivery time
 
 
 def queued_count(client: redis.Redis, queue: str) -> int:
@@ -54,11 +52,10 @@ def unacked_refs(client: redis.Redis) -> Iterator[MessageRef]:
     delivered = {str(tag): float(score) for tag, score in scored}
     for tag, raw in client.hgetall(UNACKED).items():
         message = json.loads(raw)[0]
-        eta = _eta(message)
-        since = eta or delivered.get(str(tag), 0.0)
+        since = _eta(message) or delivered.get(str(tag), 0.0)
         ref = _ref(message, queued=False, since=since)
         if ref is not None:
-            yield replace(ref, tag=str(tag), eta=eta is not None)
+            yield ref
 
 
 def _ref(message: dict[str, Any], queued: bool, since: float) -> MessageRef | None:

@@ -24,7 +24,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import redis
 
@@ -90,7 +90,6 @@ class Reconciler:
         self.settings = settings
         self.publish = publish
         self._suspects: dict[str, set[str]] = {}  # run -> lost in the previous pass
-        self._first_seen: dict[str, float] = {}  # delivery tag -> when this reconciler saw it
 
     def run_once(self, runs: list[str] | None = None, keep: Keep = _always) -> list[RunReport]:
         """One pass; returns a report per run. ``keep`` False: the lock was lost, stop."""
@@ -118,21 +117,9 @@ class Reconciler:
         # Delivered messages are bounded by the workers' prefetch: always read.
         queued = queued_refs(self.r, self.settings.queue) if scan_queue else iter(())
         by_run: dict[str, list[MessageRef]] = defaultdict(list)
-        delivered = list(unacked_refs(self.r))
-        for ref in [*queued, *self._on_our_clock(delivered)]:
+        for ref in [*queued, *unacked_refs(self.r)]:
             by_run[ref.run].append(ref)
         return by_run
-
-    def _on_our_clock(self, delivered: list[MessageRef]) -> list[MessageRef]:
-        # kombu stamps a delivery with the consuming worker's clock, which may be minutes off
-        # ours: a delivered message is dated by when this reconciler first saw it instead, so
-        # clock skew between hosts can neither hide a dead worker's message nor condemn a live
-        # one. (A retry's ETA keeps its own date: skew there only re-publishes a backoff early,
-        # a duplicate the worker acks without a call.)
-        now = time.time()
-        seen = {r.tag: self._first_seen.get(r.tag, now) for r in delivered if r.tag}
-        self._first_seen = seen
-        return [r if r.eta or not r.tag else replace(r, since=seen[r.tag]) for r in delivered]
 
     def _reconcile(
         self, run: str, refs: list[MessageRef], scanned: bool, keep: Keep
