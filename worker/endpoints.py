@@ -25,6 +25,7 @@ from common.logs import secrets_of
 from common.models import GenParams, TurnResult
 from common.redact import redact
 from common.settings import Settings
+from worker.adaptive import AdaptiveDriver
 from worker.capacity import CapacityUnavailable, FreeSignal, Slot, SlotTable
 from worker.client import ChatClient, Messages
 from worker.health import EndpointHealth, counts_against
@@ -294,8 +295,6 @@ class EndpointPool:
         self.signal.listen(self.r, self.table.channel, self._stop)
 
     def _adapt(self) -> None:
-        from worker.adaptive import AdaptiveDriver
-
         AdaptiveDriver(self.settings, self.r, self.table).run(self._stop)
 
 
