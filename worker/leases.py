@@ -16,6 +16,7 @@ from collections.abc import Callable
 import redis
 
 from common.store import RunStore
+from worker.ticker import Ticker
 
 log = logging.getLogger("eaglegen.worker")
 
@@ -31,18 +32,15 @@ class LeaseKeeper:
         self._claimed: set[tuple[str, str]] = set()
         self._held: dict[tuple[str, str], tuple[str, threading.Event]] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticker = Ticker("lease-renewer", ttl_s / 3, self._renew)
 
     def start(self) -> None:
         """Start the renewal thread (once)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="lease-renewer", daemon=True)
-            self._thread.start()
+        self._ticker.start()
 
     def close(self) -> None:
         """Stop renewing; leases still held expire after their TTL."""
-        self._stop.set()
+        self._ticker.close()
 
     def claim(self, run: str, sample_id: str) -> bool:
         """Reserve a sample for one generation in this process; False if one already runs."""
@@ -83,9 +81,8 @@ class LeaseKeeper:
                 if entry is not None:
                     entry[1].set()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.ttl_s / 3):
-            try:
-                self.renew_once()
-            except redis.RedisError as exc:
-                log.warning("lease renewal failed: %s", exc)
+    def _renew(self) -> None:
+        try:
+            self.renew_once()
+        except redis.RedisError as exc:
+            log.warning("lease renewal failed: %s", exc)

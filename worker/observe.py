@@ -17,6 +17,7 @@ from common.metrics import RunCollector, WorkerMetrics, serve
 from common.models import TurnResult
 from common.settings import Settings
 from common.stats import StatsRecorder
+from worker.ticker import Ticker
 
 log = logging.getLogger("eaglegen.worker")
 
@@ -36,22 +37,20 @@ class Observer:
         self._secrets = secrets_of(settings)
         self._recorders: dict[str, StatsRecorder] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticker = Ticker("summary", min(self.summary.every_s, 15.0), self._log_summary)
 
     def start(self) -> None:
         """Serve Prometheus metrics (if a port is set) and log the summary every minute."""
-        if self._thread is not None:
+        if self._ticker.started:
             return
         if self.settings.metrics_port:
             self.registry.register(RunCollector(self.r, self.settings))
             serve(self.registry, self.settings.metrics_port, self.settings.metrics_host)
-        self._thread = threading.Thread(target=self._loop, name="summary", daemon=True)
-        self._thread.start()
+        self._ticker.start()
 
     def close(self) -> None:
         """Stop the summary thread."""
-        self._stop.set()
+        self._ticker.close()
 
     def recorder(self, run: str) -> StatsRecorder:
         """The run's statistics writer (cached)."""
@@ -79,9 +78,8 @@ class Observer:
         self.recorder(run).finished(tokens, kept=kept)
         self.summary.add(samples=1)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(min(self.summary.every_s, 15.0)):
-            self.summary.maybe_log(self._in_flight())
+    def _log_summary(self) -> None:
+        self.summary.maybe_log(self._in_flight())
 
 
 class Summary:

@@ -20,7 +20,6 @@ One process passes at a time, and its lock is extended while a pass runs.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -33,6 +32,7 @@ from common.locks import HeldLock
 from common.settings import Settings
 from common.store import RunStore
 from worker.broker_scan import MessageRef, queued_count, queued_refs, unacked_refs
+from worker.ticker import Ticker
 
 log = logging.getLogger("eaglegen.reconcile")
 Publish = Callable[[str, list[str]], object]
@@ -159,26 +159,22 @@ class ReconcilerLoop:
         # Shorter than the interval, so the lock is free again when the next pass is due.
         lock = reconciler_lock_key(settings.key_prefix)
         self._lock = HeldLock(client, lock, self.interval * 0.9)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticker = Ticker("reconciler", self.interval, self._tick)
 
     def start(self) -> None:
         """Start passing every ``reconcile_interval`` seconds (once)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="reconciler", daemon=True)
-            self._thread.start()
+        self._ticker.start()
 
     def close(self) -> None:
         """Stop after the current pass."""
-        self._stop.set()
+        self._ticker.close()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                if self._lock.hold():
-                    self._pass()
-            except redis.RedisError as exc:
-                log.warning("reconciliation skipped: %s", exc)
+    def _tick(self) -> None:
+        try:
+            if self._lock.hold():
+                self._pass()
+        except redis.RedisError as exc:
+            log.warning("reconciliation skipped: %s", exc)
 
     def _pass(self) -> None:
         started = time.monotonic()
