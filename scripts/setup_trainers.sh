@@ -16,24 +16,13 @@ peers="specforge==0.2.0 speculators==0.9.0 hs-connectors==0.9.0"
 deps="torch==2.13.0 transformers==5.19.0 datasets==5.1.0 numpy tqdm pydantic pydantic-settings
 httpx openai loguru safetensors huggingface-hub jinja2 psutil pyyaml typer rich click"
 pins="$peers $(echo $deps)"
-venv="${EAGLEGEN_TRAINERS_VENV:-.trainers-venv}"
-marker="$venv/.eaglegen-installed"
-failed=".eaglegen/trainers-setup.failed"
-log=".eaglegen/trainers-setup.log"
-mkdir -p .eaglegen
-rm -f "$failed"
-
-fail() {
-  printf '%s (log: %s)\n' "$1" "$log" | tee "$failed" >&2
-  tail -n 20 "$log" >&2 || true
-  exit 1
-}
+# shellcheck source=scripts/venv_lib.sh
+. scripts/venv_lib.sh
+venv_setup trainers "${EAGLEGEN_TRAINERS_VENV:-.trainers-venv}"
 
 install_venv() {
   echo "trainers: installing $peers into $venv (log: $log)"
-  rm -rf "$venv"
-  python3 -m venv "$venv" >>"$log" 2>&1 || fail "trainers: cannot create $venv"
-  "$venv/bin/pip" install --upgrade pip >>"$log" 2>&1 || fail "trainers: cannot upgrade pip"
+  venv_fresh
   # torch first and pinned: an open range would pull a multi-GB CUDA build.
   # shellcheck disable=SC2086
   "$venv/bin/pip" install $deps >>"$log" 2>&1 || fail "trainers: pip install of their deps failed"
@@ -44,9 +33,8 @@ install_venv() {
   echo "$pins" >"$marker"
 }
 
-: >"$log"
 start=$SECONDS
-if [ "$(cat "$marker" 2>/dev/null)" = "$pins" ] && [ -x "$venv/bin/python" ]; then
+if venv_ready "$pins"; then
   echo "trainers: ready in $venv"
 else
   install_venv

