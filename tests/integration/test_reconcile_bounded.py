@@ -125,14 +125,20 @@ def _slow_pass(loop: ReconcilerLoop, entered: threading.Event, finish: threading
     return thread, kept
 
 
-def test_a_pass_longer_than_its_lock_keeps_the_lock_so_passes_never_overlap(stack: Stack):
-    settings = _settings(stack, reconcile_interval=0.3)  # lock lives 0.27 s
+def _first_in_a_slow_pass(stack: Stack):
+    """Two reconciler loops (lock lives 0.27 s); the first holds the lock, inside a pass."""
+    settings = _settings(stack, reconcile_interval=0.3)
     first, second = (ReconcilerLoop(stack.store.r, settings, Republished()) for _ in range(2))
     entered, finish = threading.Event(), threading.Event()
     thread, kept = _slow_pass(first, entered, finish)
     assert first._lock.hold()
     thread.start()
     assert entered.wait(5)
+    return first, second, thread, kept, finish
+
+
+def test_a_pass_longer_than_its_lock_keeps_the_lock_so_passes_never_overlap(stack: Stack):
+    _, second, thread, kept, finish = _first_in_a_slow_pass(stack)
     deadline = time.monotonic() + 1.2  # four lock lifetimes: it is extended all along
     while time.monotonic() < deadline:
         assert not second._lock.hold()
@@ -144,13 +150,7 @@ def test_a_pass_longer_than_its_lock_keeps_the_lock_so_passes_never_overlap(stac
 
 
 def test_a_pass_that_lost_its_lock_is_told_to_stop(stack: Stack):
-    settings = _settings(stack, reconcile_interval=0.3)
-    first, second = (ReconcilerLoop(stack.store.r, settings, Republished()) for _ in range(2))
-    entered, finish = threading.Event(), threading.Event()
-    thread, kept = _slow_pass(first, entered, finish)
-    assert first._lock.hold()
-    thread.start()
-    assert entered.wait(5)
+    first, second, thread, kept, finish = _first_in_a_slow_pass(stack)
     stack.store.r.delete(first._lock.name)  # as if it had expired during a Redis stall
     assert second._lock.hold()
     wait_for(lambda: not kept[0](), 5, "the pass to learn that its lock is gone")
