@@ -38,6 +38,8 @@ from tests.harness import Procs, free_port, start_redis, start_simulator  # noqa
 
 RUN = "chaos"
 OVERLONG = 5
+LEASE_TTL = 6.0  # the run's settings, also the lengths of the pauses past them
+COLLECTOR_LOCK_TTL = 3.0
 
 
 @dataclass
@@ -72,13 +74,13 @@ class Chaos:
             "EAGLEGEN_QUEUE": "chaos",
             "EAGLEGEN_ENDPOINTS": f"http://127.0.0.1:{self.sim_port}/v1",
             "EAGLEGEN_STALL_TIMEOUT": "3",
-            "EAGLEGEN_LEASE_TTL": "6",
+            "EAGLEGEN_LEASE_TTL": str(LEASE_TTL),
             "EAGLEGEN_RECONCILE_INTERVAL": "2",
             "EAGLEGEN_MAX_RETRIES": "15",
             "EAGLEGEN_BACKOFF_BASE": "0.2",
             "EAGLEGEN_BACKOFF_MAX": "2",
             "EAGLEGEN_SHUTDOWN_GRACE": "2",
-            "EAGLEGEN_COLLECTOR_LOCK_TTL": "3",
+            "EAGLEGEN_COLLECTOR_LOCK_TTL": str(COLLECTOR_LOCK_TTL),
         }
         # Own process groups: a SIGKILL takes whatever a child started, as a crash would.
         self.procs = Procs(self.dir, env, grace=30, own_group=True)
@@ -256,14 +258,13 @@ class Chaos:
     def pause_worker(self) -> None:
         i = self.rng.randrange(self.args.workers)
         proc = self.roles[f"worker#{i}"]
-        lease_ttl = 6.0
-        self._stop_for(f"worker#{i}", proc, lease_ttl + 5, held=self._held_by(proc.pid))
+        self._stop_for(f"worker#{i}", proc, LEASE_TTL + 5, held=self._held_by(proc.pid))
 
     def pause_collector(self) -> None:
         """Paused past its lock: a successor on its file is refused, one on a new file wins."""
         first = self.roles["collector"]
-        self._stop_for("collector", first, 12.0)
-        time.sleep(4.0)  # longer than its 3 s lock
+        self._stop_for("collector", first, COLLECTOR_LOCK_TTL * 4)
+        time.sleep(COLLECTOR_LOCK_TTL + 1)  # past its lock
         same = self.procs.run(["collect", "--out", str(self.outputs[-1]), "--once"])
         self.refused_same_file = same.returncode == 1 and "another collector" in same.stderr
         self.outputs.append(self.dir / "out-2.jsonl")
