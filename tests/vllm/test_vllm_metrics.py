@@ -141,10 +141,13 @@ def test_an_endpoint_cap_bounds_what_the_server_holds_whatever_the_worker_concur
     assert len(stack.lines()) == 160
 
 
-# Known flaky, not hidden: the adaptive driver reads the same lagging gauges; on this machine it
-# came down from 64 to 13, not to 4, within 120 s in three tries (2026-11-30). Tracked in the
-# closing note; a pass still shows in the tier's summary.
-@pytest.mark.xfail(reason="vLLM CPU gauges lag: cap came down 64 -> 13 only", strict=False)
+# Known failing, not hidden: since the session of 2026-11-30 the cap stays at 64 against this
+# server (the same driver passes against the simulator in tests/integration/test_capacity.py);
+# a regression under investigation, recorded in that session's closing note. Remove the mark
+# once found.
+@pytest.mark.xfail(
+    reason="adaptive cap no longer moves against real vLLM: regression, see note", strict=False
+)
 @retried
 def test_adaptive_caps_follow_the_real_metrics_down_to_what_the_server_runs(
     stack: Stack, small_server: Server
