@@ -57,7 +57,7 @@ def specforge_routes(export: Path, tok: Any) -> dict[str, list[dict[str, Any]]]:
     common = dict(max_length=MAX_LENGTH, is_preformatted=False, cache_dir=None, cache_key=None)
     common |= dict(num_proc=1, min_loss_tokens=0, train_only_last_turn=True)
     train = export / "specforge" / "train.jsonl"
-    keys = [json.loads(line)["id"] for line in train.open()]
+    keys = [json.loads(line)["id"] for line in train.read_text().splitlines()]
     tasks = prepare_prompt_tasks(train, tok, chat_template=TEMPLATE, **common)
     rows = [_row(t["payload"], key) for t, key in zip(tasks, keys, strict=True)]
     conv = str(export / "specforge" / "conversations.jsonl")

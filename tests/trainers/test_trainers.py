@@ -82,10 +82,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(datasets.load_from_disk(str(tmp / "tokenized" / "dataset")))
-    meta = {}
-    for line in (tmp / "export" / "specforge" / "conversations.jsonl").open():
-        row = json.loads(line)
-        meta[row["id"]] = row
+    lines = (tmp / "export" / "specforge" / "conversations.jsonl").read_text().splitlines()
+    meta = {row["id"]: row for row in map(json.loads, lines)}
     peers = json.loads((tmp / "peers.json").read_text())
     mapping = torch.load(tmp / "export" / "specforge" / "vocab_mapping.pt", weights_only=True)
     return {"rows": rows, "meta": meta, "peers": peers, "mapping": mapping, "tok": tok} | {
