@@ -40,7 +40,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 from stack import CLIENT, Row, Sampler, Stack, cpu_seconds, rss_mib, write_prompts  # noqa: E402
 
-from common.keys import endpoint_key  # noqa: E402
+from common.keys import EndpointKeys  # noqa: E402
 from common.store import connect  # noqa: E402
 from simulator.answers import expected_answer  # noqa: E402
 from simulator.config import SimConfig  # noqa: E402
@@ -267,7 +267,7 @@ def _adaptive_run(
     stack.collector("adaptive", stack.dir / "adaptive.jsonl")
     store = stack.store("adaptive")
     r = connect(stack.redis_url)
-    cap_key = endpoint_key(stack.prefix, "cap", sim.endpoint)
+    cap_key = EndpointKeys(stack.prefix).cap(sim.endpoint)
     stack.enqueue_held("adaptive", prompts)
     changes = []
     with Sampler(sim, cap=lambda: int(r.get(cap_key) or 0)) as sampler:
