@@ -20,9 +20,11 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from stack import Stack, rss_mib, wait_until, write_prompts
+from stack import Stack, rss_mib, write_prompts  # noqa: E402
+
+from tests.harness import wait_for  # noqa: E402
 
 ZERO_LATENCY = ("--time-per-token", "0", "--ttft", "0", "--max-answer-tokens", "16",
                 "--reasoning-tokens", "0", "--max-num-seqs", "256")  # fmt: skip
@@ -37,7 +39,7 @@ def _series(stack: Stack, workers: list, total: int, run: str) -> list[dict[str,
     store, points, mark = stack.store(run), [], STEP
     started = time.monotonic()
     while mark <= total:
-        wait_until(lambda m=mark: store.counts().written >= m, 3600, f"{mark} samples written")
+        wait_for(lambda m=mark: store.counts().written >= m, 3600, f"{mark} samples written")
         rss = [round(rss_mib(w.pid), 1) for w in workers]
         points.append(
             {"written": mark, "seconds": round(time.monotonic() - started), "rss_mib": rss}
