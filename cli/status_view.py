@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from common.clock import redis_time
 from common.settings import Settings
 from common.stats import Snapshot, eta_seconds, read_snapshot
 from common.store import RunCounts, RunStore
@@ -41,7 +42,16 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
         "fraction_kept": round(kept / (kept + snap.wasted_tokens), 4) if kept else None,
     }
     data["endpoints"] = _endpoints(store, settings, snap.endpoints)
+    data["clocks_off"] = _clocks_off(store, settings)
     return data
+
+
+def _clocks_off(store: RunStore, settings: Settings) -> dict[str, float]:
+    """Workers whose clock is further from Redis's than the limit: name -> skew (s)."""
+    from worker.clock_watch import EVERY_S, read_clocks
+
+    clocks = read_clocks(store.r, settings.key_prefix, redis_time(store.r), 2 * EVERY_S)
+    return {name: skew for name, skew in clocks.items() if abs(skew) > settings.max_clock_skew}
 
 
 def _eta(counts: RunCounts, snap: Snapshot, data: dict[str, Any], settings: Settings) -> int | None:
@@ -89,7 +99,12 @@ def render(data: dict[str, Any]) -> Group:
                 f"({100 * finished / total:.1f}%)  ETA {_duration(data['eta_s'])}")  # fmt: skip
     bar = Table.grid(expand=True)  # a bare ProgressBar leaves no line break after it
     bar.add_row(ProgressBar(total=total, completed=finished))
-    return Group(head, bar, _main_table(data), _errors_table(data), _endpoint_table(data))
+    tables: list[RenderableType] = [_main_table(data), _errors_table(data), _endpoint_table(data)]
+    parts: list[RenderableType] = [head, bar, *tables]
+    for name, skew in sorted(data.get("clocks_off", {}).items()):
+        parts.append(Text(f"clock of worker {name} is {skew:+.1f} s from Redis's: run NTP",
+                          style="yellow"))  # fmt: skip
+    return Group(*parts)
 
 
 def _main_table(d: dict[str, Any]) -> Group:

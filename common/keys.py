@@ -19,6 +19,11 @@ def retired_runs_key(prefix: str) -> str:
     return f"{prefix}:retired_runs"
 
 
+def clocks_key(prefix: str) -> str:
+    """Hash worker name -> its last clock-skew reading (JSON), for ``status``."""
+    return f"{prefix}:clocks"
+
+
 def reconciler_lock_key(prefix: str) -> str:
     """Held by the one worker process running a reconciliation pass."""
     return f"{prefix}:reconciler_lock"

@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     # A dead worker's samples run again within lease_ttl + reconcile_interval (about a minute).
     lease_ttl: float = Field(default=45.0, gt=0)
     reconcile_interval: float = Field(default=15.0, gt=0)
+    # Celery's retry delays and kombu's delivery times run on the workers' own clocks; a worker
+    # further than this from Redis's clock warns in its log and in `status` (run NTP).
+    max_clock_skew: float = Field(default=2.0, gt=0)
     # Queued messages a reconciler pass reads at most (~0.1 ms each): above it, the pass skips
     # the queue (see worker/reconcile.py), so its cost does not grow with max_pending.
     reconcile_scan_max: int = Field(default=20_000, ge=0)

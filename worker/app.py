@@ -15,6 +15,7 @@ from celery import Celery, signals
 
 from common.settings import Settings
 from common.store import RunStores, connect
+from worker.clock_watch import ClockWatch
 from worker.config import celery_config
 from worker.endpoints import EndpointPool
 from worker.leases import LeaseKeeper
@@ -38,6 +39,7 @@ class WorkerParts:
             settings, self.stores, self.endpoints, self.leases, self.observer
         )
         self.reconciler = ReconcilerLoop(self.redis, settings, hand_back)
+        self.clock = ClockWatch(self.redis, settings)
 
     def start_generating(self) -> None:
         """What a task needs running: lease renewal and the endpoints' threads."""
@@ -49,9 +51,11 @@ class WorkerParts:
         self.start_generating()
         self.observer.start()
         self.reconciler.start()
+        self.clock.start()
 
     def close(self) -> None:
         """Stop every thread, give back endpoint slots, close connections."""
+        self.clock.close()
         self.reconciler.close()
         self.observer.close()
         self.leases.close()

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from common.clock import redis_time
 from common.keys import reconciler_lock_key
 from common.locks import HeldLock
 from common.settings import Settings
@@ -76,7 +77,9 @@ def lost_samples(
 
     A queued message is alive. A delivered one is alive for ``grace`` seconds after its
     delivery (or its retry ETA): a live worker takes the lease at once, so a delivered message
-    with no lease after that long belongs to a dead worker.
+    with no lease after that long belongs to a dead worker. ``now`` is Redis's clock; delivery
+    times and ETAs are the workers' (kombu and Celery write them), which each worker checks
+    against Redis's (worker/clock_watch.py).
     """
     alive = {r.sample_id for r in refs if r.queued or now - r.since < grace}
     return pending - leased - alive
@@ -129,7 +132,7 @@ class Reconciler:
         pending = self._candidates(store, report, refs)
         if pending:
             lost = lost_samples(
-                pending, store.leased_ids(), refs, time.time(), self.settings.lease_ttl
+                pending, store.leased_ids(), refs, redis_time(self.r), self.settings.lease_ttl
             )
             confirmed = lost & self._suspects.get(run, set())
             self._suspects[run] = lost - confirmed
