@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -241,19 +242,34 @@ class Chaos:
             self._stop_for("redis", self.roles["redis"], 8.0, held=list(self._all_leased()))
 
     def _stop_for(self, name: str, proc: subprocess.Popen[bytes], seconds: float,
-                  held: list[str] | None = None) -> None:  # fmt: skip
+                  held: list[str] | None = None,
+                  until: Callable[[], bool] | None = None) -> None:  # fmt: skip
+        """SIGSTOP ``proc`` for ``seconds``, and then until ``until()`` holds (60 s at most)."""
         proc.send_signal(signal.SIGSTOP)
         self.pauses.append({"what": name, "seconds": seconds, "held": len(held or [])})
         self.kills.append(Kill(f"pause {name}", time.monotonic(), held or []))
         self.say(f"SIGSTOP {name} (pid {proc.pid}) for {seconds:.0f} s")
-        timer = threading.Timer(seconds, self._resume, [name, proc])
+        timer = threading.Timer(seconds, self._resume, [name, proc, until])
         timer.daemon = True
         timer.start()
 
-    def _resume(self, name: str, proc: subprocess.Popen[bytes]) -> None:
+    def _resume(
+        self, name: str, proc: subprocess.Popen[bytes], until: Callable[[], bool] | None
+    ) -> None:
+        deadline = time.monotonic() + 60
+        while until is not None and not until() and time.monotonic() < deadline:
+            time.sleep(0.2)
         if proc.poll() is None:
             proc.send_signal(signal.SIGCONT)
             self.say(f"SIGCONT {name}")
+
+    def _lock_value(self) -> str | None:
+        try:
+            assert self.store is not None
+            value = self.store.r.get(self.store.keys.collector_lock)
+        except Exception:
+            return None  # Redis away (it is killed and paused too)
+        return None if value is None else str(value)
 
     def pause_worker(self) -> None:
         i = self.rng.randrange(self.args.workers)
@@ -263,7 +279,12 @@ class Chaos:
     def pause_collector(self) -> None:
         """Paused past its lock: a successor on its file is refused, one on a new file wins."""
         first = self.roles["collector"]
-        self._stop_for("collector", first, COLLECTOR_LOCK_TTL * 4)
+        token = self._lock_value()
+        # Resumed only once the successor holds the lock: when Redis is killed meanwhile (its
+        # own chaos event), the successor may take minutes, and a first collector resumed with
+        # the lock free just takes it back (correct, fenced, but not the seam tested here).
+        successor = lambda: self._lock_value() not in (None, token)  # noqa: E731
+        self._stop_for("collector", first, COLLECTOR_LOCK_TTL * 4, until=successor)
         time.sleep(COLLECTOR_LOCK_TTL + 1)  # past its lock
         same = self.procs.run(["collect", "--out", str(self.outputs[-1]), "--once"])
         self.refused_same_file = same.returncode == 1 and "another collector" in same.stderr
