@@ -15,6 +15,7 @@ from celery import Celery, signals
 
 from common.settings import Settings
 from common.store import RunStores, connect
+from worker import kombu_fix
 from worker.clock_watch import ClockWatch
 from worker.config import celery_config
 from worker.endpoints import EndpointPool
@@ -95,6 +96,7 @@ class EagleGenCelery(Celery):  # type: ignore[misc]
 
 def create_app(settings: Settings) -> EagleGenCelery:
     """A configured app with EagleGen's tasks registered; connects to nothing yet."""
+    kombu_fix.apply()
     app = EagleGenCelery(settings)
     register_tasks(app, settings, app.processor, app.publish_samples)
     _connect_signals(app)
