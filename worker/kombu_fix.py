@@ -23,7 +23,7 @@ _MARK = "_eaglegen_closed_channel_fix"
 
 def apply() -> None:
     """Patch ``kombu.transport.redis.Channel`` (Sentinel channels inherit it); idempotent."""
-    original = kombu_redis.Channel._connparams
+    original: Any = kombu_redis.Channel._connparams
     if getattr(original, _MARK, False):
         return
 
@@ -33,4 +33,4 @@ def apply() -> None:
         return original(self, asynchronous)
 
     setattr(_connparams, _MARK, True)
-    kombu_redis.Channel._connparams = _connparams
+    kombu_redis.Channel._connparams = _connparams  # type: ignore[method-assign]
