@@ -284,7 +284,8 @@ local cost, interval, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARG
 local base = math.max(tat, now)
 local wait = base + cost * interval - burst - now
 if wait > 0 and ARGV[4] ~= '1' then return tostring(wait) end
-local new = base + cost * interval
+-- A refund (negative cost) gives back unused budget, never credit for time already past.
+local new = math.max(base + cost * interval, now)
 redis.call('SET', KEYS[1], tostring(new), 'PX', math.ceil(new - now + burst) + 1000)
 return '0'
 """

@@ -109,6 +109,8 @@ class EndpointPool:
         """Stop the threads, give back held slots, close every client."""
         self._stop.set()
         self.signal.notify_all()
+        if self.limiter is not None:
+            self.limiter.close()
         with self._lock:
             held = list(self._held)
         for slot in held:
@@ -123,7 +125,7 @@ class EndpointPool:
             # Paid once a slot is ours, not before: requests waiting for capacity must not
             # pre-pay the rate and then leave together in a burst when an endpoint frees up.
             try:
-                self.limiter.wait_turn(check, self._stop)
+                self.limiter.wait_turn(check)
             except BaseException:
                 self._release(slot)
                 raise
@@ -299,7 +301,7 @@ class EndpointPool:
 
 
 class _MeteredClient(ChatClient):
-    """A client that charges each turn's tokens to the tokens/min limit."""
+    """A client that reserves each turn's tokens under the tokens/min limit, then settles."""
 
     def __init__(self, endpoint: str, settings: Settings, limiter: RateLimiter) -> None:
         super().__init__(endpoint, settings)
@@ -308,20 +310,30 @@ class _MeteredClient(ChatClient):
     def complete(
         self, messages: Messages, params: GenParams, check: Check | None = None
     ) -> TurnResult:
-        """Generate one turn, then count its tokens (those of an aborted stream too)."""
+        """Generate one turn within the budget; an aborted stream pays what the server spent."""
+        prompt = estimate_prompt_tokens(messages)
+        reserved = self._limiter.reserve_tokens(prompt + params.max_tokens, check)
+        used = reserved  # unknown (an abort of ours): the reservation stands
         try:
             turn = super().complete(messages, params, check)
+            used = turn.usage.prompt_tokens + turn.usage.completion_tokens
+            return turn
         except errors.GenerationError as exc:
-            self._charge(exc.tokens_streamed)  # the server spent them: the budget did too
+            used = prompt + exc.tokens_streamed  # the server spent them: the budget did too
             raise
-        self._charge(turn.usage.prompt_tokens + turn.usage.completion_tokens)
-        return turn
+        finally:
+            self._settle(reserved, used)
 
-    def _charge(self, tokens: int) -> None:
+    def _settle(self, reserved: int, used: int) -> None:
         try:
-            self._limiter.charge_tokens(tokens)
-        except redis.RedisError as exc:  # losing one charge is the lesser harm
-            log.warning("tokens/min not charged: %s", exc)
+            self._limiter.settle_tokens(reserved, used)
+        except redis.RedisError as exc:  # losing one settlement is the lesser harm
+            log.warning("tokens/min not settled: %s", exc)
+
+
+def estimate_prompt_tokens(messages: Messages) -> int:
+    """About four characters per token plus a few per message, as hosted APIs estimate."""
+    return sum(len(str(m.get("content") or "")) // 4 + 4 for m in messages)
 
 
 def _limiter(settings: Settings, client: redis.Redis) -> RateLimiter | None:

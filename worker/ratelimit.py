@@ -3,8 +3,11 @@
 GCRA (the generic cell rate algorithm): one number per limit in Redis, the theoretical arrival
 time ``tat`` (ms, Redis clock). Each unit of cost moves it ``60 s / limit`` ahead; a request is
 admitted while ``tat`` is at most ``burst`` ahead of now. Requests pay one unit each before
-they are sent; tokens are only known afterwards, so a request is admitted while the token
-budget is not overspent and its tokens are charged when it ends.
+they are sent. Tokens are only known afterwards, so a request reserves what it may use (its
+prompt, estimated, plus ``max_tokens``: what hosted APIs count against the limit too) within
+one minute's budget, and the difference is refunded or charged when it ends. Without the
+reservation every request in flight was admitted at once and the budget was overshot by
+concurrency x tokens per request.
 """
 
 from __future__ import annotations
@@ -37,33 +40,39 @@ class RateLimiter:
         self._script = client.register_script(lua.GCRA)
         self._rpm_key = EndpointKeys(prefix).rpm
         self._tpm_key = EndpointKeys(prefix).tpm
+        self._closed = threading.Event()
 
-    def wait_turn(self, check: Callable[[], None] | None, stop: threading.Event) -> None:
-        """Block until a request may be sent under both limits (``check`` may abort)."""
-        while True:
-            wait_ms = self._admit()
-            if wait_ms <= 0:
-                return
-            if check is not None:
-                check()
-            stop.wait(min(wait_ms / 1000, 1.0))
+    def close(self) -> None:
+        """Let every waiting request go (to be handed back by its caller)."""
+        self._closed.set()
 
-    def charge_tokens(self, tokens: int) -> None:
-        """Count a finished request's tokens against the tokens/min limit."""
-        if self.tpm is not None and tokens > 0:
-            self._call(self._tpm_key, tokens, MINUTE_MS / self.tpm, 0.0, charge_only=True)
-
-    def _admit(self) -> float:
-        if self.tpm is not None:
-            # Cost 0: only asks whether earlier requests' tokens are paid off.
-            wait = self._call(self._tpm_key, 0, MINUTE_MS / self.tpm, 0.0)
-            if wait > 0:
-                return wait
+    def wait_turn(self, check: Callable[[], None] | None) -> None:
+        """Block until a request may be sent under the requests/min limit (``check`` may abort)."""
         if self.rpm is not None:
             # One request's worth of burst: requests go out evenly, never a minute's in a lump.
             interval = MINUTE_MS / self.rpm
-            return self._call(self._rpm_key, 1, interval, interval)
-        return 0.0
+            self._wait(lambda: self._call(self._rpm_key, 1, interval, interval), check)
+
+    def reserve_tokens(self, tokens: int, check: Callable[[], None] | None) -> int:
+        """Block until ``tokens`` fit in the tokens/min budget, and take them; returns what was
+        taken (at most one minute's budget, so that one large request can still go)."""
+        if self.tpm is None:
+            return 0
+        taken = max(0, min(tokens, self.tpm))
+        interval = MINUTE_MS / self.tpm
+        self._wait(lambda: self._call(self._tpm_key, taken, interval, MINUTE_MS), check)
+        return taken
+
+    def settle_tokens(self, reserved: int, used: int) -> None:
+        """Charge what a request used beyond its reservation, or refund what it did not use."""
+        if self.tpm is not None and used != reserved:
+            self._call(self._tpm_key, used - reserved, MINUTE_MS / self.tpm, 0.0, charge_only=True)
+
+    def _wait(self, admit: Callable[[], float], check: Callable[[], None] | None) -> None:
+        while (wait_ms := admit()) > 0 and not self._closed.is_set():
+            if check is not None:
+                check()
+            self._closed.wait(min(wait_ms / 1000, 1.0))
 
     def _call(
         self, key: str, cost: int, interval: float, burst: float, charge_only: bool = False

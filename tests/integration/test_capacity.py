@@ -64,10 +64,11 @@ def _stats(url: str) -> dict:
     return httpx.get(f"{url}/sim/stats", timeout=5).json()
 
 
-def _enqueue(stack: Stack, source: Path) -> None:
+def _enqueue(stack: Stack, source: Path, params: GenParams | None = None) -> None:
     """Enqueue in this process: a CLI start-up costs seconds on a busy machine."""
     env = {k.removeprefix("EAGLEGEN_").lower(): v for k, v in stack.env.items()}
-    run_enqueue(Settings(**env), stack.store, str(source), GenParams(), "auto", None, None, None)
+    params = params or GenParams()
+    run_enqueue(Settings(**env), stack.store, str(source), params, "auto", None, None, None)
 
 
 def _wait_answered(stack: Stack, timeout: float = 60) -> None:
@@ -124,19 +125,48 @@ def test_an_expired_slot_frees_itself_and_a_late_renewal_counts_it_again(stack: 
     assert table.snapshot()[0].inflight == 2
 
 
+class WouldWait(Exception):
+    """Raised by a ``check`` to show that a limiter made its caller wait."""
+
+
+def _refuse() -> None:
+    raise WouldWait
+
+
 def test_the_request_rate_is_paced_across_limiters_sharing_redis(stack: Stack):
     prefix = stack.settings.key_prefix
     one = RateLimiter(stack.store.r, prefix, rpm=600, tpm=None)
     two = RateLimiter(stack.store.r, prefix, rpm=600, tpm=None)
-    assert one._admit() == 0
-    assert 50 < two._admit() <= 100  # 100 ms apart, whichever process asks
-    tokens = RateLimiter(stack.store.r, prefix, rpm=None, tpm=60_000)  # 1 token per ms
-    assert tokens._admit() == 0
-    tokens.charge_tokens(500)
-    assert 400 < tokens._admit() <= 500
+    one.wait_turn(_refuse)
+    with pytest.raises(WouldWait):  # 100 ms apart, whichever process asks
+        two.wait_turn(_refuse)
+
+
+def test_tokens_are_reserved_up_front_and_the_unused_part_refunded(stack: Stack):
+    tokens = RateLimiter(stack.store.r, stack.settings.key_prefix, rpm=None, tpm=60_000)
+    assert tokens.reserve_tokens(60_000, _refuse) == 60_000  # one minute's budget at once
+    with pytest.raises(WouldWait):
+        tokens.reserve_tokens(1_000, _refuse)
+    tokens.settle_tokens(60_000, 10_000)  # it used 10,000: 50,000 come back
+    assert tokens.reserve_tokens(40_000, _refuse) == 40_000
+    with pytest.raises(WouldWait):
+        tokens.reserve_tokens(20_000, _refuse)
+    assert tokens.reserve_tokens(10**9, None) == 60_000  # never more than a minute's budget
 
 
 # -- real workers ----------------------------------------------------------------------------
+
+
+def test_a_tokens_per_minute_limit_bounds_the_requests_in_flight(stack: Stack, tmp_path):
+    # Each request reserves ~6 prompt tokens + max_tokens 100: 600/min lets 5 start at once,
+    # where twelve threads want to (before reservations, all twelve went).
+    url = stack.simulator("--time-per-token", "0.05", "--min-answer-tokens", "30",
+                          "--max-answer-tokens", "30", "--reasoning-tokens", "0")  # fmt: skip
+    stack.worker(concurrency=12, EAGLEGEN_TPM="600")
+    _enqueue(stack, _prompts(tmp_path, 12), GenParams(max_tokens=100))
+    _wait_answered(stack)
+    assert _stats(url)["peak_running"] <= 6
+    assert stack.store.counts().done == 12
 
 
 def test_two_workers_with_a_cap_never_run_more_than_it_on_the_endpoint(stack: Stack, tmp_path):
