@@ -169,6 +169,24 @@ def test_a_tokens_per_minute_limit_bounds_the_requests_in_flight(stack: Stack, t
     assert stack.store.counts().done == 12
 
 
+def test_requests_waiting_for_a_slot_do_not_prepay_the_request_rate(stack: Stack, tmp_path):
+    # Six requests wait 5 s for a drained endpoint. Had they paid EAGLEGEN_RPM while waiting
+    # (one a second), all six would start together when it comes back; paid after the slot,
+    # they start a second apart and no more than three of these 2.5 s answers overlap.
+    url = stack.simulator("--time-per-token", "0.05", "--min-answer-tokens", "50",
+                          "--max-answer-tokens", "50", "--reasoning-tokens", "0")  # fmt: skip
+    endpoint = stack.env["EAGLEGEN_ENDPOINTS"]
+    table = _table(stack, {endpoint: 64})
+    table.drain(endpoint)
+    stack.worker(concurrency=6, EAGLEGEN_RPM="60")
+    _enqueue(stack, _prompts(tmp_path, 6))
+    wait_for(lambda: stack.store.counts().in_flight == 6, 30, "six samples waiting")
+    time.sleep(5)  # the outage: its length is the test, not a synchronisation
+    table.undrain(endpoint)
+    _wait_answered(stack)
+    assert _stats(url)["peak_running"] <= 4
+
+
 def test_two_workers_with_a_cap_never_run_more_than_it_on_the_endpoint(stack: Stack, tmp_path):
     url = stack.simulator("--max-num-seqs", "32", *FAST)
     stack.env["EAGLEGEN_MAX_INFLIGHT"] = "4"
