@@ -55,6 +55,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
+    parser.add_argument(
+        "--last-worker-env", action="append", default=[], metavar="KEY=VALUE",
+        help="set in the last worker's environment only: a side-by-side comparison in one run",
+    )  # fmt: skip
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory() as folder,
@@ -68,8 +72,10 @@ def _soak(stack: Stack, folder: Path, args: argparse.Namespace) -> dict[str, obj
     stack.env["EAGLEGEN_ENDPOINTS"] = sim.endpoint
     stack.env["EAGLEGEN_MAX_INFLIGHT"] = "256"
     run, out = "soak", folder / "soak.jsonl"
-    workers = [stack.start("worker", ["worker", "--concurrency", str(args.concurrency)], {})
-               for _ in range(args.workers)]  # fmt: skip
+    last = dict(item.split("=", 1) for item in args.last_worker_env)
+    workers = [stack.start("worker", ["worker", "--concurrency", str(args.concurrency)],
+                           last if i == args.workers - 1 else {})
+               for i in range(args.workers)]  # fmt: skip
     stack.warm_up(folder)
     collector = stack.collector(run, out)
     logs_before = _log_bytes(stack.dir)
@@ -82,6 +88,7 @@ def _soak(stack: Stack, folder: Path, args: argparse.Namespace) -> dict[str, obj
     stack.stop(collector)
     return {
         "samples": args.samples, "workers": args.workers, "concurrency": args.concurrency,
+        "last_worker_env": last,
         "rss_series": series, "log_bytes_per_1000_samples": round(logs * 1000 / args.samples),
         **_retire(stack, run), "collector_restart_s": _restart(stack, out),
     }  # fmt: skip
