@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from simulator.config import SimConfig
+from simulator.hf_tokenizer import save
 from simulator.output import model_output
 from simulator.tokenizer import IM_END, decode, encode_chat
 from tests.harness import ROOT
@@ -42,6 +45,37 @@ def test_records_carry_the_servers_prompt_and_completion_ids(stack: Stack):
             assert turn["usage"]["completion_tokens"] == len(turn["token_ids"])
             text = decode(turn["token_ids"][:-1], answer["content"][1:17])
             assert text == f"<think>{answer['reasoning_content']}</think>{answer['content']}"
+    _assert_rows_from_ids_equal_the_template_rows(stack)
+
+
+def _assert_rows_from_ids_equal_the_template_rows(stack: Stack) -> None:
+    """`eaglegen tokenize` on the records: from ids and from the template, the same rows."""
+    import datasets
+
+    save(stack.tmp / "tokenizer")
+    rows = {}
+    for source in ("ids", "template"):
+        out = stack.tmp / source
+        options = ["--out", str(out), "--source", source, "--num-proc", "2", "--no-progress"]
+        command = [
+            "tokenize",
+            str(stack.out),
+            "--tokenizer",
+            str(stack.tmp / "tokenizer"),
+            *options,
+        ]
+        done = stack.procs.run(command, stack.env)
+        assert done.returncode == 0, done.stderr
+        stats = json.loads((out / "stats.json").read_text())
+        assert stats["rows_out"] == 24 and stats["bad_rows"] == 0
+        rows[source] = list(datasets.load_from_disk(str(out / "dataset")))
+        if source == "ids":
+            assert (stats["rows_from_ids"], stats["drift_checks"], stats["drift_rows"]) == (
+                24,
+                24,
+                0,
+            )
+    assert rows["ids"] == rows["template"]
 
 
 def test_auto_keeps_working_on_text_with_a_server_without_ids(stack: Stack):
