@@ -13,7 +13,9 @@ this process's CPU time (``time.process_time``; the simulator is another process
   that every token arrives on its own (one read, one wake-up each), as from vLLM;
 * requests: sequential requests through the old client (the openai SDK's request building and
   the old reader) and through :class:`worker.client.ChatClient`, with one-token answers (the
-  per-request cost) and ``--tokens``-token answers (the per-token cost is the difference).
+  per-request cost) and ``--tokens``-token answers (the per-token cost is the difference);
+  "httpx only" reads the same responses through httpx and parses nothing, the floor under
+  any parser (httpx's HTTP/1.1 layer, h11, handles each event as one HTTP chunk).
 
 Old and new alternate within each round, so machine noise hits both alike; figures are the
 median over the rounds. The old client is kept below as a reference, as it was at 1b32beb.
@@ -40,7 +42,7 @@ import openai
 from common.models import GenParams
 from common.settings import Settings
 from tests.harness import Procs, start_simulator
-from worker.client import ChatClient, TurnStream
+from worker.client import ChatClient, TurnStream, chat_body
 from worker.reasoning import delta_reasoning
 
 # --- the old client, as a reference ------------------------------------------------------
@@ -185,12 +187,22 @@ def clients(endpoint: str, model: str, threads: int) -> tuple[dict[str, Complete
     new = ChatClient(endpoint, settings)
     text = ChatClient(endpoint, settings.model_copy(update={"token_ids": "off"}))
     old = OldClient(endpoint, model)
+    raw = httpx.Client()
+
+    def transport(messages: list[dict[str, Any]], params: GenParams) -> int:
+        """The bytes read through httpx and nothing parsed: the floor under any parser."""
+        body = chat_body(model, messages, params, True)
+        with raw.stream("POST", f"{endpoint}/chat/completions", content=body) as response:
+            events = sum(data.count(b"data: ") for data in response.iter_raw())
+        return events - 4  # less the role, finish, usage and [DONE] events: the tokens
+
     calls: dict[str, Complete] = {
         "old": old.complete,
         "new": lambda m, p: new.complete(m, p).usage.completion_tokens,
         "new, ids off": lambda m, p: text.complete(m, p).usage.completion_tokens,
+        "httpx only": transport,
     }
-    return calls, [old, new, text]
+    return calls, [old, new, text, raw]
 
 
 def request_rows(endpoint: str, model: str, rounds: int, requests: int) -> list[str]:
@@ -221,7 +233,7 @@ def request_rows(endpoint: str, model: str, rounds: int, requests: int) -> list[
             f"({tokens[('short', side)]}-token answers), {per_token * 1e6:.1f} us per extra "
             f"streamed token ({tokens[('long', side)]}-token answers)"
         )
-    for side in ("new", "new, ids off"):
+    for side in ("new", "new, ids off", "httpx only"):
         request, token = (figures[side][i] / figures["old"][i] for i in (0, 1))
         rows.append(f"requests {side}/old: per request {request:.2f}, per token {token:.2f}")
     return rows
@@ -245,7 +257,7 @@ def paced_rows(endpoint: str, model: str, rounds: int, threads: int) -> list[str
             client.close()
     med = {side: statistics.median(v) for side, v in per.items()}
     rows = [f"paced {side:13s}: {med[side] * 1e6:.1f} us CPU per token" for side in med]
-    for side in ("new", "new, ids off"):
+    for side in ("new", "new, ids off", "httpx only"):
         rows.append(f"paced {side}/old: {med[side] / med['old']:.2f}")
     return rows
 
