@@ -26,13 +26,18 @@ def histories(record: dict) -> list[list[dict]]:
     return out
 
 
-def test_records_carry_the_servers_prompt_and_completion_ids(stack: Stack):
-    stack.simulator()
-    stack.worker(concurrency=8)  # EAGLEGEN_TOKEN_IDS unset: auto
+def generate(stack: Stack, limit: int, *sim_options: str, **worker_env: str) -> list[dict]:
+    """Run ``limit`` bundled prompts through a simulator, a worker and a collector."""
+    stack.simulator(*sim_options)
+    stack.worker(concurrency=8, **worker_env)
     stack.collector()
-    stack.enqueue(PROMPTS, "--limit", "12")
+    stack.enqueue(PROMPTS, "--limit", str(limit))
     stack.wait_complete()
-    records = stack.lines()
+    return stack.lines()
+
+
+def test_records_carry_the_servers_prompt_and_completion_ids(stack: Stack):
+    records = generate(stack, 12)  # EAGLEGEN_TOKEN_IDS unset: auto
     assert len(records) == 12
     for record in records:
         turns = record["generation"]["turns"]
@@ -79,12 +84,7 @@ def _assert_rows_from_ids_equal_the_template_rows(stack: Stack) -> None:
 
 
 def test_auto_keeps_working_on_text_with_a_server_without_ids(stack: Stack):
-    stack.simulator("--no-token-ids")
-    stack.worker(concurrency=4)
-    stack.collector()
-    stack.enqueue(PROMPTS, "--limit", "6")
-    stack.wait_complete()
-    records = stack.lines()
+    records = generate(stack, 6, "--no-token-ids")
     assert len(records) == 6
     for record in records:
         assert all("token_ids" not in t and "prompt_token_ids" not in t
@@ -94,22 +94,13 @@ def test_auto_keeps_working_on_text_with_a_server_without_ids(stack: Stack):
 
 
 def test_off_asks_for_no_ids(stack: Stack):
-    stack.simulator()
-    stack.worker(concurrency=4, EAGLEGEN_TOKEN_IDS="off")
-    stack.collector()
-    stack.enqueue(PROMPTS, "--limit", "4")
-    stack.wait_complete()
-    records = stack.lines()
+    records = generate(stack, 4, EAGLEGEN_TOKEN_IDS="off")
     assert len(records) == 4
     assert not any("token_ids" in t for r in records for t in r["generation"]["turns"])
 
 
 def test_on_fails_samples_permanently_on_a_server_without_ids(stack: Stack):
-    stack.simulator("--no-token-ids")
-    stack.worker(concurrency=2, EAGLEGEN_TOKEN_IDS="on")
-    stack.collector()
-    stack.enqueue(PROMPTS, "--limit", "3")
-    stack.wait_complete()
+    assert generate(stack, 3, "--no-token-ids", EAGLEGEN_TOKEN_IDS="on") == []
     counts = stack.store.counts()
     assert (counts.done, counts.failed, counts.retries) == (0, 3, 0)
     for failure in stack.store.failures().values():
