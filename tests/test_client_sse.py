@@ -77,6 +77,8 @@ def test_crlf_framing_and_a_cr_at_the_end_of_a_read():
     crlf = VLLM.replace(b"\n", b"\r\n")
     cut = crlf.index(b"\r\n\r\n") + 1  # the read ends between CR and LF
     assert_vllm_turn(read(crlf, [crlf[:cut], crlf[cut:]]))
+    last = len(crlf) - 1  # the last read is the final LF alone
+    assert_vllm_turn(read(crlf, [crlf[:last], crlf[last:]]))
 
 
 def test_general_events_comments_fields_and_multiline_data():
@@ -160,8 +162,9 @@ def test_auto_takes_a_refusal_of_the_field_as_no_ids_and_other_400s_as_they_are(
 
 def test_on_fails_without_ids_and_then_before_asking():
     support = IdSupport("on", E)
-    with pytest.raises(errors.NoTokenIds, match="EAGLEGEN_TOKEN_IDS=on"):
+    with pytest.raises(errors.NoTokenIds, match="EAGLEGEN_TOKEN_IDS=on") as raised:
         support.answered(turn(False))
+    assert raised.value.endpoint == E
     with pytest.raises(errors.NoTokenIds):
         support.ask()
     refusing = IdSupport("on", E)

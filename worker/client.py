@@ -117,13 +117,17 @@ class IdSupport:
         if self.known is None:
             self.known = has_ids
         if self.mode == "on" and not has_ids:
-            raise self._missing("answered without token ids")
+            exc = self._missing("answered without token ids")
+            exc.tokens_streamed = turn.usage.completion_tokens  # generated for nothing
+            raise exc
 
     def _missing(self, what: str) -> errors.NoTokenIds:
-        return errors.NoTokenIds(
+        exc = errors.NoTokenIds(
             f"{self.endpoint} {what} and EAGLEGEN_TOKEN_IDS=on requires them (a vLLM with "
             "return_token_ids does; or set EAGLEGEN_TOKEN_IDS=auto to keep text only)"
         )
+        exc.endpoint = self.endpoint
+        return exc
 
 
 class ChatClient:
@@ -263,7 +267,7 @@ class TurnStream:
         if self.done:
             return
         buf = self._rest + data if self._rest else data
-        if b"\r" in data:  # CRLF framing; a CR at the end of a read meets its LF next time
+        if b"\r" in buf:  # CRLF framing; a CR at the end of a read meets its LF next time
             buf = buf.replace(b"\r\n", b"\n")
         cut = buf.rfind(b"\n\n") + 2
         if cut < 2:
