@@ -99,3 +99,9 @@ class AuthError(PermanentError):
 
 class NotFound(PermanentError):
     kind = "404"
+
+
+class NoTokenIds(PermanentError):
+    """Token ids were required (EAGLEGEN_TOKEN_IDS=on) and the server does not give them."""
+
+    kind = "no_token_ids"

@@ -58,13 +58,22 @@ class Usage(BaseModel):
 
 
 class TurnStats(BaseModel):
-    """How one assistant turn was generated (its text lives in ``conversations``)."""
+    """How one assistant turn was generated (its text lives in ``conversations``).
+
+    ``prompt_token_ids`` and ``token_ids`` are the server's own ids, where it gives them
+    (vLLM's ``return_token_ids``): the prompt as the server tokenized it, and the completion as
+    generated, end-of-turn token included when it stopped on it. Absent (None) otherwise.
+    Together they are the exact sequence a training row holds, and the token-id prompt a
+    broken turn can be continued from.
+    """
 
     finish_reason: str | None = None
     usage: Usage = Field(default_factory=Usage)
     latency_s: float = 0.0
     endpoint: str = ""
     model: str = ""
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class TurnResult(TurnStats):

@@ -6,7 +6,7 @@ Nothing here runs at import: callers build ``Settings()`` once at start-up and p
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     stall_timeout: float = Field(default=300.0, gt=0)
     # Hard ceiling for one assistant turn, however steadily it streams.
     max_request_time: float = Field(default=3600.0, gt=0)
+    # Ask servers for token ids (vLLM's return_token_ids) and keep them in the records. auto:
+    # where an endpoint gives them (learned per endpoint); on: a server without them fails the
+    # sample (permanently); off: never ask.
+    token_ids: Literal["auto", "on", "off"] = "auto"
     max_retries: int = Field(default=8, ge=0)
     backoff_base: float = Field(default=2.0, gt=0)
     backoff_max: float = Field(default=300.0, gt=0)

@@ -46,6 +46,13 @@ def tokenize_command(
     per_turn: Annotated[
         str, typer.Option(help="One row per assistant turn: auto, always or never.")
     ] = "auto",
+    source: Annotated[
+        str,
+        typer.Option(
+            help="Rows from the server's token ids where records have them (auto), only from "
+            "ids (ids), or from the chat template (template)."
+        ),
+    ] = "auto",
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Tokenize conversations with the target's chat template into EAGLE-3 training rows."""
@@ -64,6 +71,7 @@ def tokenize_command(
             on_length=finish_length,  # type: ignore[arg-type]  # checked by tokenize()
             truncate=truncate,  # type: ignore[arg-type]
             per_turn=per_turn,  # type: ignore[arg-type]
+            source=source,  # type: ignore[arg-type]
             progress=progress,
         )
     except (TemplateError, ValueError, OSError) as exc:

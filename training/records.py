@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +36,16 @@ class RecordError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class TurnMeta:
-    """What the collector recorded about one assistant turn's request."""
+    """What the collector recorded about one assistant turn's request.
+
+    ``prompt_ids`` and ``completion_ids``: the server's own token ids of the turn's prompt and
+    of what it generated (``generation.turns[i].prompt_token_ids`` / ``token_ids``), if kept.
+    """
 
     finish_reason: str | None = None
     prompt_tokens: int | None = None
+    prompt_ids: array[int] | None = None
+    completion_ids: array[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +57,11 @@ class Record:
     assistant_at: tuple[int, ...]
     turns: tuple[TurnMeta, ...]
     template_kwargs: dict[str, Any]
+
+    @property
+    def has_ids(self) -> bool:
+        """Whether every turn carries the server's prompt and completion ids."""
+        return all(t.prompt_ids is not None and t.completion_ids is not None for t in self.turns)
 
 
 def _message(raw: Any, index: int) -> dict[str, Any]:
@@ -89,8 +101,23 @@ def _turn_meta(generation: dict[str, Any], count: int) -> tuple[TurnMeta, ...]:
         prompt = _dict(turn.get("usage")).get("prompt_tokens")
         # 0 means the server reported no usage: nothing to check against.
         known = isinstance(prompt, int) and not isinstance(prompt, bool) and prompt > 0
-        out.append(TurnMeta(_str_or_none(turn.get("finish_reason")), prompt if known else None))
+        reason = _str_or_none(turn.get("finish_reason"))
+        ids = _ids(turn.get("prompt_token_ids")), _ids(turn.get("token_ids"))
+        out.append(TurnMeta(reason, prompt if known else None, *ids))
     return tuple(out)
+
+
+def _ids(value: Any) -> array[int] | None:
+    """Return a list of token ids as an int32 array; None if absent; RecordError if malformed."""
+    if value is None:
+        return None
+    try:
+        ids = array("i", value)  # at C speed: a string, float or huge number is refused here
+    except (TypeError, OverflowError):
+        raise RecordError("token ids are not a list of integers") from None
+    if not isinstance(value, list) or (ids and min(ids) < 0):
+        raise RecordError("token ids are not a list of non-negative integers")
+    return ids
 
 
 def _dict(value: Any) -> dict[str, Any]:

@@ -223,17 +223,33 @@ def _row(
 
 def plan_rows(turns: Sequence[TurnText], per_turn: PerTurn) -> list[RowPlan]:
     """Group a conversation's turns into training rows (see the module docstring)."""
-    n = len(turns)
+    groups = group_turns([t.prompt for t in turns], [t.context for t in turns], per_turn)
+    return [_row(turns, last, earlier, unmasked) for last, earlier, unmasked in groups]
+
+
+def group_turns(
+    prompts: Sequence[Sequence[Any]], contexts: Sequence[Sequence[Any]], per_turn: PerTurn
+) -> list[tuple[int, tuple[int, ...], int]]:
+    """Return (last turn, earlier turns trained on, turns left unmasked) for each row.
+
+    Turn j can be trained inside the row of a later turn k when its context (prompt followed
+    by what was generated) begins k's prompt: text for rendered rows, token ids for rows from
+    the server's ids, the same rule.
+    """
+    n = len(prompts)
+
+    def within(j: int, k: int) -> bool:
+        return prompts[k][: len(contexts[j])] == contexts[j]
+
     if per_turn == "always":
-        return [_row(turns, k, ()) for k in range(n)]
+        return [(k, (), 0) for k in range(n)]
     if per_turn == "never":
-        final = turns[-1].prompt
-        kept = [j for j in range(n - 1) if final.startswith(turns[j].context)]
-        return [_row(turns, n - 1, kept, n - 1 - len(kept))]
-    rows: list[RowPlan] = []
+        kept = tuple(j for j in range(n - 1) if within(j, n - 1))
+        return [(n - 1, kept, n - 1 - len(kept))]
+    rows: list[tuple[int, tuple[int, ...], int]] = []
     start = 0
     for k in range(n):
-        if k == n - 1 or not turns[k + 1].prompt.startswith(turns[k].context):
-            rows.append(_row(turns, k, range(start, k)))
+        if k == n - 1 or not within(k, k + 1):
+            rows.append((k, tuple(range(start, k)), 0))
             start = k + 1
     return rows

@@ -2,7 +2,8 @@
 
 :class:`RowBuilder` holds one compiled template and the backend tokenizer; one lives in each
 process of the job. Rendering (pure Python) and tokenizing (the tokenizer releases the GIL) are
-separate steps so :mod:`training.parallel` can overlap them.
+separate steps so :mod:`training.parallel` can overlap them. Records with the server's token
+ids give rows from those ids (:mod:`training.id_rows`), checked against the rendered rows.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from training.chat_template import compile_template
+from training.id_rows import IdRow, difference, id_rows, show
 from training.records import Record, RecordError, parse_line, specforge_row
 from training.render import (
     PerTurn,
@@ -30,6 +32,7 @@ from training.sink import OutRow
 
 FinishPolicy = Literal["keep", "drop", "flag"]
 TruncatePolicy = Literal["drop", "turn"]
+Source = Literal["auto", "ids", "template"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,7 @@ class JobConfig:
     on_length: FinishPolicy
     truncate: TruncatePolicy
     per_turn: PerTurn
+    source: Source = "auto"
 
 
 @dataclass(slots=True)
@@ -62,6 +66,20 @@ class Outcome:
     reasoning_dropped: int = 0
     unmasked: int = 0
     split: bool = False
+    from_ids: int = 0
+    drift_checks: int = 0
+    drift: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Planned:
+    """A parsed and rendered record: its template rows, and whether its rows come from ids."""
+
+    outcome: Outcome
+    record: Record
+    rows: list[RowPlan]
+    from_ids: bool
+    template_error: str | None = None
 
 
 class RowBuilder:
@@ -94,9 +112,13 @@ class RowBuilder:
 
     def plan(self, line_no: int, line: bytes) -> tuple[Record, list[RowPlan], list[TurnText]]:
         """Parse and render one line: its record, row plans and rendered turns."""
+        record = parse_line(line)
+        return record, *self.render_record(line_no, record)
+
+    def render_record(self, line_no: int, record: Record) -> tuple[list[RowPlan], list[TurnText]]:
+        """Render a record's turns and group them into rows."""
         from jinja2 import TemplateError as JinjaError
 
-        record = parse_line(line)
         render = self.render_for(record.template_kwargs)
         cuts = [t.finish_reason == "length" for t in record.turns]
         try:
@@ -108,7 +130,7 @@ class RowBuilder:
         except (JinjaError, TypeError, ValueError) as exc:
             # A template refusing one conversation (odd roles, tool calls) spoils only that row.
             raise RecordError(f"chat template error: {exc}") from None
-        return record, plan_rows(turns, self.cfg.per_turn), turns
+        return plan_rows(turns, self.cfg.per_turn), turns
 
     def process(self, chunk: Sequence[tuple[int, bytes]]) -> list[Outcome]:
         """Render, tokenize and apply the length policies to a chunk of lines."""
@@ -117,28 +139,51 @@ class RowBuilder:
     def render_chunk(self, chunk: Sequence[tuple[int, bytes]]) -> Rendered:
         """Parse and render a chunk of lines (the pure-Python half of the work)."""
         outcomes: list[Outcome] = []
-        planned: list[tuple[Outcome, Record, list[RowPlan]]] = []
+        planned: list[Planned] = []
         for line_no, line in chunk:
             try:
-                record, rows, turns = self.plan(line_no, line)
+                found = self.plan_line(line_no, line)
             except RecordError as exc:
                 outcomes.append(Outcome(line_no, error=str(exc)))
                 continue
-            outcome = Outcome(line_no, record.id, split=len(rows) > 1)
-            outcome.spliced = sum(t.spliced for t in turns)
-            outcome.reasoning_dropped = sum(t.reasoning_dropped for t in turns)
-            outcome.unmasked = sum(r.unmasked for r in rows)
-            outcomes.append(outcome)
-            planned.append((outcome, record, rows))
+            outcomes.append(found.outcome)
+            planned.append(found)
         return outcomes, planned
+
+    def plan_line(self, line_no: int, line: bytes) -> Planned:
+        """Parse one line, choose where its rows come from, and render it.
+
+        A record with ids survives a template that cannot render it: the cross-check says so.
+        """
+        record = parse_line(line)
+        source = self.cfg.source
+        from_ids = source == "ids" or (source == "auto" and record.has_ids)
+        if from_ids and not record.has_ids:
+            raise RecordError("no token ids in the record (--source ids)")
+        outcome = Outcome(line_no, record.id)
+        try:
+            rows, turns = self.render_record(line_no, record)
+        except (TemplateError, RecordError) as exc:
+            if not from_ids:
+                raise
+            return Planned(outcome, record, [], True, str(exc))
+        outcome.split = len(rows) > 1
+        outcome.spliced = sum(t.spliced for t in turns)
+        outcome.reasoning_dropped = sum(t.reasoning_dropped for t in turns)
+        outcome.unmasked = sum(r.unmasked for r in rows)
+        return Planned(outcome, record, rows, from_ids)
 
     def tokenize_chunk(self, rendered: Rendered) -> list[Outcome]:
         """Tokenize a rendered chunk and build its rows (the tokenizer releases the GIL)."""
         outcomes, planned = rendered
-        encoded = self.encode([row for _, _, rows in planned for row in rows])
-        for outcome, record, rows in planned:
-            for row in rows:
-                self.finish_row(outcome, record, row, len(rows) > 1, *next(encoded))
+        encoded = self.encode([row for p in planned for row in p.rows])
+        for p in planned:
+            built = [(row, *next(encoded)) for row in p.rows]
+            if p.from_ids:
+                self.rows_from_ids(p, built)
+                continue
+            for row, prompt, span, starts in built:
+                self.finish_row(p.outcome, p.record, row, len(built) > 1, prompt, span, starts)
         return outcomes
 
     def encode(self, rows: Sequence[RowPlan]) -> Iterator[tuple[Any, Any, list[int]]]:
@@ -167,21 +212,74 @@ class RowBuilder:
         span: Any,
         starts: list[int],
     ) -> None:
-        """Check prompt tokens, apply the length policies, and keep or drop one row."""
+        """Check prompt tokens, apply the length policies, and keep or drop one rendered row."""
         ids, mask, prompt_len = _row_lists(row, prompt, span, starts)
         self.check_prompts(outcome, record, row, prompt_len, starts)
-        fitted = self.fit(row, ids, mask, starts)
+        cuts = [(e.turn, bisect_left(starts, e.context_end)) for e in row.earlier]
+        self.keep(outcome, record, row.turns(), split, ids, mask, cuts)
+
+    def rows_from_ids(self, p: Planned, built: list[tuple[RowPlan, Any, Any, list[int]]]) -> None:
+        """Build a record's rows from its ids, each checked against the template's row."""
+        rows, p.outcome.unmasked = id_rows(p.record, self.cfg.per_turn)
+        p.outcome.split = len(rows) > 1
+        rendered = {}
+        for plan, prompt, span, starts in built:  # the template's rows, for the cross-checks
+            ids, mask, prompt_len = _row_lists(plan, prompt, span, starts)
+            self.check_prompts(p.outcome, p.record, plan, prompt_len, starts)
+            rendered[plan.last] = ids, mask
+        split = len(rows) > 1
+        for row in rows:
+            p.outcome.from_ids += 1
+            self.cross_check(p, row, split, rendered.get(row.last))
+            self.keep(p.outcome, p.record, row.turns, split, row.ids, row.mask, list(row.cuts))
+
+    def cross_check(
+        self, p: Planned, row: IdRow, split: bool, rendered: tuple[array[int], Any] | None
+    ) -> None:
+        """Count a row from ids that differs from the template's, with where and how."""
+        p.outcome.drift_checks += 1
+        row_id = _row_id(p.record, row.last, split)
+        if rendered is None:
+            reason = p.template_error or "the template splits this conversation into other rows"
+            p.outcome.drift.append({"id": row_id, "what": "template", "reason": reason[:300]})
+            return
+        found = difference(row.ids, row.mask, *rendered)
+        if found is None:
+            return
+        at, what = found
+        decode = self._decode
+        p.outcome.drift.append(
+            {"id": row_id, "what": what, "position": at, "ids": show(decode, row.ids, at),
+             "template": show(decode, rendered[0], at)}
+        )  # fmt: skip
+
+    def _decode(self, ids: list[int]) -> str:
+        text: str = self.backend.decode(ids, skip_special_tokens=False)
+        return text
+
+    def keep(
+        self,
+        outcome: Outcome,
+        record: Record,
+        turns: tuple[int, ...],
+        split: bool,
+        ids: array[int],
+        mask: Any,
+        cuts: list[tuple[int, int]],
+    ) -> None:
+        """Apply the length policies to a row ending at ``turns[-1]``; keep it or count why not."""
+        fitted = self.fit(turns[-1], ids, mask, cuts)
         if fitted is None:
             outcome.dropped.append("too_long")
             return
         ids, mask, last = fitted
-        outcome.cut += last != row.last
-        trained = [t for t in row.turns() if t <= last]
+        outcome.cut += last != turns[-1]
+        trained = [t for t in turns if t <= last]
         truncated = any(record.turns[t].finish_reason == "length" for t in trained)
         if truncated and self.cfg.on_length == "drop":
             outcome.dropped.append("finish_length")
             return
-        row_id = f"{record.id}-t{last}" if split else record.id
+        row_id = _row_id(record, last, split)
         history = record.messages[: record.assistant_at[last] + 1]
         reason = record.turns[last].finish_reason
         row_json = specforge_row(row_id, history, reason, record.template_kwargs)
@@ -189,18 +287,20 @@ class RowBuilder:
         outcome.rows.append(OutRow(row_id, ids, mask, truncated, line))
 
     def fit(
-        self, row: RowPlan, ids: array[int], mask: Any, starts: list[int]
+        self, last: int, ids: array[int], mask: Any, cuts: list[tuple[int, int]]
     ) -> tuple[array[int], Any, int] | None:
-        """Return (ids, mask, last turn) within max_length, cut at a turn if allowed, or None."""
+        """Return (ids, mask, last turn) within max_length, cut at a turn if allowed, or None.
+
+        ``cuts``: (earlier turn, token index where its context ends), in order.
+        """
         limit = self.cfg.max_length
         if limit is None or len(ids) <= limit:
-            return ids, mask, row.last
+            return ids, mask, last
         if self.cfg.truncate != "turn":
             return None
-        for e in reversed(row.earlier):
-            size = bisect_left(starts, e.context_end)
+        for turn, size in reversed(cuts):
             if size <= limit:
-                return ids[:size], mask[:size], e.turn
+                return ids[:size], mask[:size], turn
         return None
 
     def check_prompts(
@@ -218,6 +318,11 @@ class RowBuilder:
                 outcome.mismatches.append(
                     {"id": record.id, "turn": turn, "server": expected, "rendered": got}
                 )
+
+
+def _row_id(record: Record, last: int, split: bool) -> str:
+    """A row's id: the record's, with the turn when the conversation gives several rows."""
+    return f"{record.id}-t{last}" if split else record.id
 
 
 def _row_lists(
@@ -244,4 +349,4 @@ def _starts(encoding: Any) -> list[int]:
     return [start for start, _ in encoding.offsets]
 
 
-Rendered = tuple[list["Outcome"], list[tuple["Outcome", Record, list[RowPlan]]]]
+Rendered = tuple[list[Outcome], list[Planned]]

@@ -38,6 +38,11 @@ class TokenizeStats:
     prompt_checks: int = 0
     prompt_mismatches: int = 0
     mismatch_examples: list[dict[str, Any]] = field(default_factory=list)
+    # Rows built from the server's token ids, and those unlike the template's row (drift).
+    rows_from_ids: int = 0
+    drift_checks: int = 0
+    drift_rows: int = 0
+    drift_examples: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,6 +73,24 @@ def print_stats(stats: TokenizeStats, console: Console) -> None:
             f"prompt token count unlike the server's, e.g. {ids}: the chat template probably "
             "differs from the one used for generation"
         )
+    if stats.drift_rows:
+        from rich.markup import escape
+
+        console.print(f"[yellow]warning:[/] {escape(_drift_line(stats))}")
+
+
+def _drift_line(s: TokenizeStats) -> str:
+    """One line on the rows from ids that differ from the template's, with the first case."""
+    line = f"{s.drift_rows} of {s.drift_checks} rows from token ids differ from the template's"
+    first = s.drift_examples[0] if s.drift_examples else None
+    if first is None:
+        return line
+    if first["what"] == "template":
+        return f"{line}; first {first['id']}: {first['reason']}"
+    return (
+        f"{line}; first {first['id']} at token {first['position']} ({first['what']}): "
+        f"ids {first['ids']!r} vs template {first['template']!r}"
+    )
 
 
 def _stat_lines(s: TokenizeStats) -> list[tuple[str, str]]:
@@ -90,5 +113,7 @@ def _stat_lines(s: TokenizeStats) -> list[tuple[str, str]]:
         ("turns whose reasoning the template drops", str(s.reasoning_dropped_turns)),
         ("turns not trained (history rewritten)", str(s.unmasked_turns)),
         ("prompt-token mismatches", f"{s.prompt_mismatches} of {s.prompt_checks}"),
+        ("rows from token ids", str(s.rows_from_ids)),
+        ("rows from ids unlike the template", f"{s.drift_rows} of {s.drift_checks}"),
         ("seconds", f"{s.seconds:.1f}"),
     ]

@@ -14,6 +14,15 @@ model emitted new tokens there, so no BPE merge crosses that boundary). Earlier 
 sit inside ``P_k``; their masks come from the tokenizer's character offsets, never from
 tokenizing pieces apart.
 
+Rows from token ids (``source``): where a record keeps the server's own ids of every turn
+(``generation.turns[i].prompt_token_ids`` and ``token_ids``), a row is those ids, trained on the
+completion ids (:mod:`training.id_rows`); ``auto`` uses them where present and the template
+elsewhere, ``ids`` skips records without them (as bad rows), ``template`` ignores them. The
+template is rendered for every record anyway: rows from ids that differ from the template's
+are counted (``drift_rows`` of ``drift_checks``) and the first differing position is shown
+decoded on both sides (``drift_examples``), a sign that training would otherwise have used
+sequences the server never saw.
+
 Prompt-token check: where a record carries the server's ``prompt_tokens`` for a turn, the count
 of the row's tokens before that turn must equal it; mismatches (the usual sign that generation
 and training used different templates) are counted and the first ids printed.
@@ -51,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 from training.chat_template import template_source
 from training.parallel import outcomes
 from training.render import PerTurn
-from training.rows import FinishPolicy, JobConfig, TruncatePolicy
+from training.rows import FinishPolicy, JobConfig, Source, TruncatePolicy
 from training.sink import DatasetSink
 from training.stats import TokenizeStats, print_stats
 from training.writer import RowWriter
@@ -93,8 +102,9 @@ def _clear_output(target: Path) -> None:
 
 
 def _check_options(
-    max_length: int | None, num_proc: int, on_length: str, truncate: str, per_turn: str
-) -> None:
+    max_length: int | None, num_proc: int, on_length: str, truncate: str, per_turn: str,
+    source: str,
+) -> None:  # fmt: skip
     """Raise ValueError for an option out of range."""
     if max_length is not None and max_length < 1:
         raise ValueError("max_length must be positive")
@@ -106,6 +116,8 @@ def _check_options(
         raise ValueError("truncate must be drop or turn")
     if per_turn not in ("auto", "always", "never"):
         raise ValueError("per_turn must be auto, always or never")
+    if source not in ("auto", "ids", "template"):
+        raise ValueError("source must be auto, ids or template")
 
 
 def tokenize(
@@ -118,6 +130,7 @@ def tokenize(
     on_length: FinishPolicy = "keep",
     truncate: TruncatePolicy = "drop",
     per_turn: PerTurn = "auto",
+    source: Source = "auto",
     *,
     progress: bool = True,
     console: Console | None = None,
@@ -126,7 +139,7 @@ def tokenize(
     """Turn collector JSONL into a training dataset, SpecForge JSONL and stats (see module doc)."""
     from rich.console import Console
 
-    _check_options(max_length, num_proc, on_length, truncate, per_turn)
+    _check_options(max_length, num_proc, on_length, truncate, per_turn, source)
     console = console or Console()
     in_path, out_dir = Path(in_path), Path(out_dir)
     if not in_path.is_file():
@@ -143,10 +156,12 @@ def tokenize(
         on_length,
         truncate,
         per_turn,
+        source,
     )
     options: dict[str, Any] = {"max_length": max_length, "num_proc": num_proc}
     options["on_length"] = on_length
     options |= {"truncate": truncate, "per_turn": per_turn, "chat_template": name}
+    options["source"] = source
     stats = TokenizeStats(
         str(in_path),
         str(out_dir),

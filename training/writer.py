@@ -48,6 +48,11 @@ class RowWriter:
         s.prompt_mismatches += len(outcome.mismatches)
         room = _EXAMPLES - len(s.mismatch_examples)
         s.mismatch_examples.extend(outcome.mismatches[: max(room, 0)])
+        s.rows_from_ids += outcome.from_ids
+        s.drift_checks += outcome.drift_checks
+        s.drift_rows += len(outcome.drift)
+        room = _EXAMPLES - len(s.drift_examples)
+        s.drift_examples.extend(outcome.drift[: max(room, 0)])
         return outcome.rows
 
     def drain(

@@ -1,8 +1,14 @@
 """The one place that talks HTTP to an OpenAI-compatible server.
 
+A thin client on httpx: the request body is one ``json.dumps`` and the stream is read by one
+decoder (:class:`TurnStream`), bytes in, the turn out. The openai SDK's request building cost
+about 1 ms per request and its line reader about 15 us per streamed token (bench/bench_client.py).
 Requests are streamed: httpx's read timeout is the stall timeout (no byte for N seconds), so a
 slow generation that keeps producing tokens is never cut, while a dead stream is noticed.
-Errors from openai/httpx are translated here, once, into the EagleGen exception tree.
+Errors from httpx and HTTP statuses are translated here, once, into the EagleGen exception tree.
+
+Token ids (vLLM's ``return_token_ids``) are asked for per ``Settings.token_ids``; whether an
+endpoint gives them is learned from its first answers and remembered (:class:`IdSupport`).
 """
 
 from __future__ import annotations
@@ -10,46 +16,45 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import httpx2 as httpx  # the HTTP library openai 3.x is built on
-import openai
 
 from common import errors
 from common.models import GenParams, TurnResult, Usage
 from common.settings import Settings
-from worker.reasoning import delta_reasoning, finish_text
+from worker.reasoning import finish_text
 
 Messages = list[dict[str, Any]]
+Check = Callable[[], None]
+# The JSON scanner at an offset (json.loads would first copy the payload out and re-check it).
+_scan = json.JSONDecoder().raw_decode
 
 
 @contextmanager
 def translate_errors(endpoint: str) -> Iterator[None]:
-    """Map openai/httpx exceptions to transient or permanent EagleGen errors."""
+    """Map httpx exceptions and undecodable bodies to transient EagleGen errors."""
     try:
         yield
     except errors.EagleGenError:
         raise
-    except openai.APIStatusError as exc:
-        raise _status_error(exc.status_code, _short(exc), endpoint) from exc
-    except (openai.APITimeoutError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+    except (httpx.ConnectTimeout, httpx.PoolTimeout, httpx.WriteTimeout) as exc:
         raise errors.TimeoutError_(f"{endpoint}: timed out connecting") from exc
     except httpx.ReadTimeout as exc:
         raise errors.StallError(f"{endpoint}: stream stalled (no data within the timeout)") from exc
     except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
         raise errors.Disconnected(f"{endpoint}: connection dropped mid-response: {exc}") from exc
-    except openai.APIConnectionError as exc:
-        raise errors.ConnectError(f"{endpoint}: cannot connect: {exc.__cause__ or exc}") from exc
-    except openai.APIError as exc:  # an error event inside the stream
-        raise errors.ServerError(f"{endpoint}: {_short(exc)}") from exc
-    except ValueError as exc:  # a body that is not JSON
+    except httpx.TransportError as exc:
+        raise errors.ConnectError(f"{endpoint}: cannot connect: {exc}") from exc
+    except (httpx.HTTPError, ValueError) as exc:  # a body that is not OpenAI JSON
         raise errors.BadResponse(f"{endpoint}: response is not OpenAI JSON: {exc}") from exc
 
 
-def _status_error(status: int, message: str, endpoint: str) -> errors.GenerationError:
-    text = f"{endpoint}: HTTP {status}: {message}"
+def status_error(status: int, body: bytes, endpoint: str) -> errors.GenerationError:
+    """The EagleGen error of an HTTP error status, with the server's message."""
+    text = f"{endpoint}: HTTP {status}: {_short(_error_message(body))}"
     if status == 429:
         return errors.RateLimited(text)
     if status >= 500 or status in (408, 409):
@@ -58,12 +63,71 @@ def _status_error(status: int, message: str, endpoint: str) -> errors.Generation
         return errors.AuthError(text)
     if status == 404:
         return errors.NotFound(text)
-    return errors.BadRequest(text)
+    if status >= 400:
+        return errors.BadRequest(text)
+    return errors.BadResponse(text)  # a redirect or an odd 2xx: not an OpenAI server
 
 
-def _short(exc: Exception, limit: int = 300) -> str:
-    message = getattr(exc, "message", None) or str(exc)
-    return " ".join(str(message).split())[:limit]
+def _error_message(body: bytes) -> str:
+    """The message of an OpenAI/vLLM error body, else the body as text."""
+    try:
+        found = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")
+    error = found.get("error", found) if isinstance(found, dict) else found
+    if isinstance(error, dict):
+        return str(error.get("message") or error.get("detail") or error)
+    return str(error)
+
+
+def _short(message: str, limit: int = 300) -> str:
+    return " ".join(message.split())[:limit]
+
+
+class IdSupport:
+    """Whether to ask an endpoint for token ids, learned from its answers.
+
+    ``auto`` asks until the endpoint answers without ids or refuses the field, then stops
+    asking it; ``on`` always asks and fails the sample when ids are missing; ``off`` never asks.
+    """
+
+    def __init__(self, mode: str, endpoint: str) -> None:
+        self.mode = mode
+        self.endpoint = endpoint
+        self.known: bool | None = False if mode == "off" else None
+
+    def ask(self) -> bool:
+        """Whether the next request asks for ids; in ``on`` mode, fails on a known refuser."""
+        if self.mode == "on" and self.known is False:
+            raise self._missing("gives no token ids")
+        return self.known is not False
+
+    def refused(self, exc: errors.BadRequest) -> bool:
+        """A 400 naming the field: in auto, remember and return True (ask again without it)."""
+        if "return_token_ids" not in str(exc):
+            return False
+        self.known = False
+        if self.mode == "on":
+            raise self._missing("refuses return_token_ids") from exc
+        return True
+
+    def answered(self, turn: TurnResult) -> None:
+        """Learn from a finished turn; in ``on`` mode a turn without ids fails."""
+        has_ids = turn.prompt_token_ids is not None
+        if self.known is None:
+            self.known = has_ids
+        if self.mode == "on" and not has_ids:
+            exc = self._missing("answered without token ids")
+            exc.tokens_streamed = turn.usage.completion_tokens  # generated for nothing
+            raise exc
+
+    def _missing(self, what: str) -> errors.NoTokenIds:
+        exc = errors.NoTokenIds(
+            f"{self.endpoint} {what} and EAGLEGEN_TOKEN_IDS=on requires them (a vLLM with "
+            "return_token_ids does; or set EAGLEGEN_TOKEN_IDS=auto to keep text only)"
+        )
+        exc.endpoint = self.endpoint
+        return exc
 
 
 class ChatClient:
@@ -74,144 +138,232 @@ class ChatClient:
         self._settings = settings
         self._model = settings.model
         self._model_lock = threading.Lock()
+        self.ids = IdSupport(settings.token_ids, endpoint)
+        self._chat_url = httpx.URL(f"{endpoint}/chat/completions")
+        self._models_url = httpx.URL(f"{endpoint}/models")
         timeout = httpx.Timeout(
             connect=settings.connect_timeout, read=settings.stall_timeout, write=60.0, pool=60.0
         )
         limits = httpx.Limits(
             max_connections=settings.concurrency + 8, max_keepalive_connections=settings.concurrency
         )
-        self._client = openai.OpenAI(
-            base_url=endpoint,
-            api_key=settings.api_key_value(),
-            max_retries=0,  # Celery owns retries; SDK retries would multiply with them
-            timeout=timeout,
-            http_client=httpx.Client(timeout=timeout, limits=limits),
-        )
+        headers = {
+            "Authorization": f"Bearer {settings.api_key_value()}",  # vLLM expects one, even unset
+            "Content-Type": "application/json",
+        }
+        self._http = httpx.Client(timeout=timeout, limits=limits, headers=headers)
 
     def model(self) -> str:
         """The model to ask for: configured, or the first one the server lists."""
         with self._model_lock:
             if self._model is None:
-                with translate_errors(self.endpoint):
-                    models = self._client.models.list().data
-                if not models:
+                listed = self._models()
+                if not listed:
                     raise errors.NotFound(f"{self.endpoint}: /v1/models lists no model")
-                self._model = models[0].id
+                self._model = str(listed[0]["id"])
             return self._model
 
     def probe(self, timeout: float) -> None:
         """One cheap request (GET /models) that raises the EagleGen error if the server is down."""
+        self._models(timeout)
+
+    def _models(self, timeout: Any = httpx.USE_CLIENT_DEFAULT) -> list[dict[str, Any]]:
         with translate_errors(self.endpoint):
-            self._client.with_options(timeout=timeout).models.list()
+            response = self._http.get(self._models_url, timeout=timeout)
+            if response.status_code != 200:
+                raise status_error(response.status_code, response.content, self.endpoint)
+            data = response.json().get("data")
+        return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
 
     def complete(
-        self, messages: Messages, params: GenParams, check: Callable[[], None] | None = None
+        self, messages: Messages, params: GenParams, check: Check | None = None
     ) -> TurnResult:
-        """Generate one assistant turn; ``check`` runs per chunk and may raise to abort."""
+        """Generate one assistant turn; ``check`` runs per network read and may raise to abort."""
         model = self.model()
+        ask = self.ids.ask()
+        try:
+            turn = self._turn(chat_body(model, messages, params, ask), model, check)
+        except errors.BadRequest as exc:
+            if not (ask and self.ids.refused(exc)):
+                raise
+            turn = self._turn(chat_body(model, messages, params, False), model, check)
+        self.ids.answered(turn)
+        return turn
+
+    def _turn(self, body: bytes, model: str, check: Check | None) -> TurnResult:
         started = time.monotonic()
         deadline = started + self._settings.max_request_time
-        acc = _Accumulator()
+        stream = TurnStream(self.endpoint)
         try:
-            with translate_errors(self.endpoint):
-                request = self._request(model, messages, params)
-                raw = self._client.chat.completions.with_streaming_response.create(**request)
-                with raw as response:
-                    lines = response.iter_lines()
-                    for chunk in sse_chunks(lines, self.endpoint):
-                        acc.add(chunk)
-                        if check is not None:
-                            check()
-                        if time.monotonic() > deadline:
-                            raise errors.TimeoutError_(f"{self.endpoint}: turn exceeded max time")
-                    # Read past [DONE] to the end of the body: a response left unread closes its
-                    # connection, and every request would pay a new one (the server too).
-                    for _ in lines:
-                        pass
-            return acc.result(time.monotonic() - started, self.endpoint, model)
+            with (
+                translate_errors(self.endpoint),
+                self._http.stream("POST", self._chat_url, content=body) as response,
+            ):
+                if response.status_code != 200:
+                    raise status_error(response.status_code, response.read(), self.endpoint)
+                # Read to the end of the body, past [DONE]: a response left unread closes its
+                # connection, and every request would pay a new one (the server too). Raw
+                # bytes unless a proxy compressed them (skips httpx's decoder, ~1 us a token).
+                coded = "content-encoding" in response.headers
+                for data in response.iter_bytes() if coded else response.iter_raw():
+                    stream.feed(data)
+                    if check is not None:
+                        check()
+                    if time.monotonic() > deadline:
+                        raise errors.TimeoutError_(f"{self.endpoint}: turn exceeded max time")
+            return stream.result(time.monotonic() - started, model)
         except errors.GenerationError as exc:
             exc.endpoint = exc.endpoint or self.endpoint
-            exc.tokens_streamed = acc.text_chunks  # ~1 token per chunk when streaming
+            exc.tokens_streamed = stream.tokens()
             raise
-
-    def _request(self, model: str, messages: Messages, params: GenParams) -> dict[str, Any]:
-        request: dict[str, Any] = {
-            "model": model,
-            "messages": messages,
-            "max_tokens": params.max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        if params.chat_template_kwargs:
-            request["extra_body"] = {"chat_template_kwargs": params.chat_template_kwargs}
-        return request
 
     def close(self) -> None:
         """Close the connection pool."""
-        self._client.close()
+        self._http.close()
 
 
-class _Fields(dict[str, Any]):
-    """A parsed chunk whose keys read as attributes, absent ones as None (as SDK objects do)."""
+def chat_body(model: str, messages: Messages, params: GenParams, token_ids: bool) -> bytes:
+    """The JSON body of one streamed chat completion."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if params.chat_template_kwargs:
+        body["chat_template_kwargs"] = params.chat_template_kwargs
+    if token_ids:
+        body["return_token_ids"] = True
+    return json.dumps(body, ensure_ascii=False).encode()
 
-    def __getattr__(self, name: str) -> Any:
-        return self.get(name)
 
+class TurnStream:
+    """One streamed chat completion read from its bytes: events, deltas, ids, usage.
 
-def sse_chunks(lines: Iterable[str], endpoint: str) -> Iterator[Any]:
-    """The JSON chunks of a server-sent-events stream, up to ``[DONE]``.
-
-    Parsed with ``json`` alone: building the SDK's pydantic objects took twice the CPU per
-    token (measured 220-280 us vs ~110 us), and that bounds how many streams a worker can hold.
+    The one decoder of a stream. Each read's complete events are decoded to text once, split
+    on blank lines, and each ``data: {...}`` payload is parsed in place by the JSON scanner
+    (``raw_decode`` at its offset: no slice, no line objects, no per-chunk objects); deltas are
+    appended to lists. Other event shapes (several ``data`` lines, comments, CRLF framing)
+    take a slower general path. The CPU per token bounds how many streams a worker holds.
     """
-    for line in lines:
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        chunk = json.loads(data, object_hook=_Fields)
-        if chunk.get("error"):
-            raise errors.ServerError(f"{endpoint}: error in the stream: {chunk['error']}"[:400])
-        yield chunk
 
-
-class _Accumulator:
-    """Collects a stream's deltas into one turn."""
-
-    def __init__(self) -> None:
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.done = False  # [DONE] seen: what follows is read (keep-alive) but not parsed
         self.content: list[str] = []
         self.reasoning: list[str] = []
+        self.token_ids: list[int] = []
+        self.prompt_token_ids: list[int] | None = None
         self.finish_reason: str | None = None
-        self.usage = Usage()
+        self.usage: dict[str, Any] = {}
         self.text_chunks = 0
+        self._rest = b""
 
-    def add(self, chunk: Any) -> None:
-        if chunk.usage is not None:
-            self.usage = Usage(
-                prompt_tokens=chunk.usage.prompt_tokens or 0,
-                completion_tokens=chunk.usage.completion_tokens or 0,
-            )
-        for choice in chunk.choices or []:
-            delta = choice.delta
-            if delta is not None:
-                self.content.append(delta.content or "")
-                piece = delta_reasoning(delta)
-                if piece:
-                    self.reasoning.append(piece)
-                self.text_chunks += bool(delta.content or piece)
-            if choice.finish_reason:
-                self.finish_reason = choice.finish_reason
+    def feed(self, data: bytes) -> None:
+        """Parse the events that arrived; an incomplete one waits for the next read."""
+        if self.done:
+            return
+        buf = self._rest + data if self._rest else data
+        if b"\r" in buf:  # CRLF framing; a CR at the end of a read meets its LF next time
+            buf = buf.replace(b"\r\n", b"\n")
+        cut = buf.rfind(b"\n\n") + 2
+        if cut < 2:
+            self._rest = buf
+            return
+        self._rest = buf[cut:]
+        # Whole events only: no UTF-8 character is split at the cut.
+        text = (buf[:cut] if cut < len(buf) else buf).decode()
+        start = 0
+        while not self.done:
+            end = text.find("\n\n", start)
+            if end < 0:
+                break
+            if text.startswith("data: {", start) and text.find("\n", start, end) < 0:
+                chunk, stop = _scan(text, start + 6)  # how every server sends chunks
+                if stop != end and (stop > end or text[stop:end].strip()):
+                    raise ValueError(f"an event is not one JSON object: {text[start:end][:99]!r}")
+                self._add(chunk)
+            else:
+                self._event(text[start:end])
+            start = end + 2
 
-    def result(self, latency: float, endpoint: str, model: str) -> TurnResult:
+    def _event(self, block: str) -> None:
+        payload = _data_field(block)
+        if payload is None:
+            return
+        if payload.strip() == "[DONE]":
+            self.done = True
+            return
+        chunk = json.loads(payload)
+        if not isinstance(chunk, dict):
+            raise ValueError(f"a stream event is not a JSON object: {payload[:80]!r}")
+        self._add(chunk)
+
+    def _add(self, chunk: dict[str, Any]) -> None:
+        choices = chunk.get("choices")
+        if choices:
+            for choice in choices:
+                self._add_choice(choice)
+        elif chunk.get("error"):
+            message = f"{self.endpoint}: error in the stream: {chunk['error']}"
+            raise errors.ServerError(message[:400])
+        prompt = chunk.get("prompt_token_ids")
+        if prompt is not None:
+            self.prompt_token_ids = prompt
+        usage = chunk.get("usage")
+        if usage:
+            self.usage = usage
+
+    def _add_choice(self, choice: dict[str, Any]) -> None:
+        delta = choice.get("delta")
+        if delta:
+            text = delta.get("content")
+            if text:
+                self.content.append(text)
+            # vLLM now sends `reasoning`; SGLang and older vLLM `reasoning_content`.
+            thought = delta.get("reasoning") or delta.get("reasoning_content")
+            if thought:
+                self.reasoning.append(thought)
+            if text or thought:
+                self.text_chunks += 1
+        ids = choice.get("token_ids")
+        if ids:
+            self.token_ids += ids
+        reason = choice.get("finish_reason")
+        if reason:
+            self.finish_reason = reason
+
+    def tokens(self) -> int:
+        """Tokens received so far: the ids where given, else ~1 per text chunk."""
+        return len(self.token_ids) or self.text_chunks
+
+    def result(self, latency: float, model: str) -> TurnResult:
+        """The finished turn; a stream without a finish or with an empty answer is an error."""
         if self.finish_reason is None:
-            raise errors.Disconnected(f"{endpoint}: stream ended without a finish_reason")
+            raise errors.Disconnected(f"{self.endpoint}: stream ended without a finish_reason")
         reasoning, content = finish_text("".join(self.content), "".join(self.reasoning) or None)
         if not content.strip() and not reasoning and self.finish_reason != "length":
-            raise errors.EmptyResponse(f"{endpoint}: the model returned an empty answer")
+            raise errors.EmptyResponse(f"{self.endpoint}: the model returned an empty answer")
+        with_ids = self.prompt_token_ids is not None
+        usage = Usage(
+            prompt_tokens=self.usage.get("prompt_tokens") or 0,
+            completion_tokens=self.usage.get("completion_tokens") or 0,
+        )
         return TurnResult(
-            content=content, reasoning=reasoning, finish_reason=self.finish_reason,
-            usage=self.usage, latency_s=round(latency, 3), endpoint=endpoint, model=model,
+            content=content, reasoning=reasoning, finish_reason=self.finish_reason, usage=usage,
+            latency_s=round(latency, 3), endpoint=self.endpoint, model=model,
+            prompt_token_ids=self.prompt_token_ids,
+            token_ids=self.token_ids if with_ids else None,
         )  # fmt: skip
+
+
+def _data_field(block: str) -> str | None:
+    """The data of a general server-sent event: its ``data`` lines joined; None if it has none.
+
+    Comments (``:``) and other fields (``event``, ``id``, ``retry``) are skipped.
+    """
+    lines = [line[5:].removeprefix(" ") for line in block.split("\n") if line.startswith("data:")]
+    return "\n".join(lines) if lines else None

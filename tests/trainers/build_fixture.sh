@@ -11,6 +11,9 @@ export EAGLEGEN_REDIS_URL="${1:-redis://127.0.0.1:6379/8}"
 port=18716
 stamp=$(date +%s)
 export EAGLEGEN_ENDPOINTS="http://127.0.0.1:$port/v1"
+# Text only: the tier tokenizes with other families' tokenizers, which the simulator's token
+# ids would not match (eaglegen tokenize prefers a record's ids).
+export EAGLEGEN_TOKEN_IDS=off
 bin=.venv/bin/eaglegen
 work=$(mktemp -d)
 pids=()
