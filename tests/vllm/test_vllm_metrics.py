@@ -168,6 +168,9 @@ def test_adaptive_caps_follow_the_real_metrics_down_to_what_the_server_runs(
         return view.adaptive and view.cap <= MAX_NUM_SEQS + 2  # running + a small queue
 
     wait_for(cap_came_down, 120, lambda: f"the adaptive cap to come down (caps {caps[-20:]})")
+    # Requests sent before the cap came down still run or wait; the cap bounds what follows.
+    view = lambda: _endpoint(stack, small_server.endpoint)  # noqa: E731
+    wait_for(lambda: view().inflight <= view().cap, 120, "the requests sent before to drain")
     with GaugeSampler(small_server) as sampler:
         stack.wait_complete(timeout=300)
     waiting = max(w for _, w in sampler.reads)
