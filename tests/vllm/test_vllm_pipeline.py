@@ -151,6 +151,18 @@ def test_the_tokenized_output_matches_the_servers_prompt_token_counts(
     stats = json.loads((out / "stats.json").read_text())
     assert stats["prompt_checks"] == 10  # 5 conversations x 2 turns
     assert stats["prompt_mismatches"] == 0, stats["mismatch_examples"]
+    # Rows come from the server's own ids. The template differs from them in one known place:
+    # Qwen3's template writes the reasoning as "<think>\n" + text + "\n</think>", while this
+    # tiny model emits </think> right after its last reasoning word (a real Qwen3 emits the
+    # "\n" itself). The cross-check must find exactly that, on every row and nowhere else.
+    assert stats["rows_from_ids"] == stats["drift_checks"] == 10, stats
+    for example in stats["drift_examples"]:
+        assert "briefly⟦</think>⟧" in example["ids"], example
+        assert "briefly⟦\n⟧</think>" in example["template"], example
+    report(
+        f"tokenize from ids: {stats['drift_rows']} of {stats['drift_checks']} rows differ from "
+        "the template, all at the model's </think> (the template adds a newline before it)"
+    )
 
 
 def _tokenizer() -> Any:
