@@ -73,8 +73,10 @@ def _soak(stack: Stack, folder: Path, args: argparse.Namespace) -> dict[str, obj
     stack.env["EAGLEGEN_MAX_INFLIGHT"] = "256"
     run, out = "soak", folder / "soak.jsonl"
     last = dict(item.split("=", 1) for item in args.last_worker_env)
-    workers = [stack.start("worker", ["worker", "--concurrency", str(args.concurrency)],
-                           last if i == args.workers - 1 else {})
+    # At the default log level (not the benchmarks' WARNING): log bytes are a figure here.
+    command = ["worker", "--concurrency", str(args.concurrency)]
+    workers = [stack.procs.start("worker", command,
+                                 {**stack.env, **(last if i == args.workers - 1 else {})})
                for i in range(args.workers)]  # fmt: skip
     stack.warm_up(folder)
     collector = stack.collector(run, out)
@@ -82,6 +84,7 @@ def _soak(stack: Stack, folder: Path, args: argparse.Namespace) -> dict[str, obj
     source = write_prompts(folder / "prompts.jsonl", args.samples, "soak")
     feeder = threading.Thread(target=stack.enqueue, args=(run, source), daemon=True)
     feeder.start()
+    wait_for(lambda: stack.store(run).counts().total > 0, 120, "the first samples enqueued")
     series = _series(stack, workers, args.samples, run)
     stack.wait_done(run, 600)
     logs = _log_bytes(stack.dir) - logs_before
