@@ -1,9 +1,12 @@
-"""Reconciler pass time against the queue's length, with and without the scan limit.
+"""Reconciler pass time and peak memory against the queue's length, with and without the scan
+limit.
 
     .venv/bin/python bench/bench_reconcile.py 200000 [--redis-url redis://127.0.0.1:6379/12]
 
 Fills a queue with N real task messages (copies of one published by Celery) and as many
-pending ids, times two passes at each limit, then deletes what it made.
+pending ids, times two passes at each limit, then one more under tracemalloc for the peak of
+Python memory a pass allocates (what a worker's RSS keeps as its high-water mark), then
+deletes what it made.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import base64
 import json
 import sys
 import time
+import tracemalloc
 import uuid
 from pathlib import Path
 
@@ -64,6 +68,11 @@ def main() -> None:
                 rec.run_once([run])
                 took = time.perf_counter() - started
                 print(f"queue {a.messages}, scan limit {limit}: pass {took:.3f} s")
+            tracemalloc.start()
+            rec.run_once([run])
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            print(f"queue {a.messages}, scan limit {limit}: peak {peak / 2**20:.1f} MiB")
     finally:
         r.delete(*queue_lists(queue))
         store.delete()

@@ -16,6 +16,7 @@ from common.settings import Settings
 from tests.harness import wait_for
 from tests.stack import Stack
 from worker.app import create_app
+from worker.broker_scan import PAGE, queued_refs
 from worker.publish import publish
 from worker.reconcile import Reconciler, ReconcilerLoop
 
@@ -157,3 +158,11 @@ def test_a_pass_that_lost_its_lock_is_told_to_stop(stack: Stack):
     finish.set()
     thread.join()
     assert kept[1] is False
+
+
+def test_the_queue_is_read_page_by_page_without_missing_a_message(stack: Stack):
+    ids = [f"p{i}" for i in range(3 * PAGE + 7)]
+    publish(create_app(_settings(stack)), stack.env["EAGLEGEN_QUEUE"], stack.run_name, ids)
+    refs = list(queued_refs(stack.store.r, stack.env["EAGLEGEN_QUEUE"]))
+    assert sorted(r.sample_id for r in refs) == sorted(ids)
+    assert all(r.queued and r.run == stack.run_name for r in refs)
