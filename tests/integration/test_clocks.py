@@ -42,7 +42,7 @@ def test_a_worker_whose_clock_is_off_warns_and_status_names_it(stack: Stack, tmp
     wait_for(lambda: len(reported()) == 1, 60, "status to name the shifted worker")
     [skew] = reported().values()
     assert 28 < skew < 32
-    wait_for(lambda: "clock is +30" in stack.procs.logs(20_000), 30, "the worker's warning")
+    wait_for(lambda: "clock is +" in stack.procs.logs(20_000), 30, "the worker's warning")
     assert "run NTP" in stack.procs.run(["status"], {**stack.env, "COLUMNS": "160"}).stdout
 
 
