@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import redis
 from celery import Celery
+from kombu.exceptions import BatchPublishError
 
 from worker.contract import GENERATE_TASK, NORMAL_PRIORITY, URGENT_PRIORITY, task_args
 
@@ -13,10 +15,18 @@ def publish(app: Celery, queue: str, run: str, ids: Iterable[str], urgent: bool 
     """Send one task per id, pipelined over one broker connection; returns how many were sent.
 
     kombu's publish batch sends the messages' LPUSHes together (a round trip per 1,000, not
-    one each). A failed flush raises: its samples are pending already, so the reconciler
-    re-publishes the ones whose message did not arrive.
+    one each). A failed flush raises the Redis error behind it, as a single publish would:
+    its samples are pending already, so the reconciler re-publishes any whose message is lost.
     """
-    priority = URGENT_PRIORITY if urgent else NORMAL_PRIORITY
+    try:
+        return _publish(app, queue, run, ids, URGENT_PRIORITY if urgent else NORMAL_PRIORITY)
+    except BatchPublishError as exc:
+        if isinstance(exc.__cause__, redis.RedisError):
+            raise exc.__cause__ from exc
+        raise
+
+
+def _publish(app: Celery, queue: str, run: str, ids: Iterable[str], priority: int) -> int:
     sent = 0
     with app.producer_or_acquire() as producer, producer.batch():
         for sample_id in ids:
