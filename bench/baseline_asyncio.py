@@ -1,11 +1,12 @@
 """The baseline: a regeneration script written the way the origin one was.
 
 One asyncio process, one AsyncOpenAI client, an ``asyncio.Semaphore`` at a fixed concurrency,
-non-streaming requests, each answer appended to a JSONL file as it finishes. No queue, no
-retries beyond the SDK's, no shared cap: the shape of the scripts in FIELD_NOTES §1.
+non-streaming requests (``--stream``: streamed, the deltas joined as they come, as EagleGen
+reads them), each answer appended to a JSONL file as it finishes. No queue, no retries beyond
+the SDK's, no shared cap: the shape of the scripts in FIELD_NOTES §1.
 
     .venv/bin/python bench/baseline_asyncio.py --endpoint http://127.0.0.1:8000/v1 \\
-        --input prompts.jsonl --out answers.jsonl --concurrency 64
+        --input prompts.jsonl --out answers.jsonl --concurrency 64 [--stream]
 
 Prints one JSON line: samples, seconds (first request to last line written), samples/s.
 """
@@ -27,14 +28,32 @@ async def answer(
 ) -> dict[str, Any]:
     """One prompt's answer, as the origin script asked for it."""
     messages = [{"role": "user", "content": row["prompt"]}]
-    response = await client.chat.completions.create(
-        model=args.model, messages=messages, max_tokens=args.max_tokens, temperature=0.0
-    )
-    message = response.choices[0].message
+    if args.stream:
+        content = await streamed(client, messages, args)
+    else:
+        response = await client.chat.completions.create(
+            model=args.model, messages=messages, max_tokens=args.max_tokens, temperature=0.0
+        )
+        content = response.choices[0].message.content
     return {
         "id": row.get("id"),
-        "conversations": [*messages, {"role": "assistant", "content": message.content}],
+        "conversations": [*messages, {"role": "assistant", "content": content}],
     }
+
+
+async def streamed(
+    client: AsyncOpenAI, messages: list[dict[str, Any]], args: argparse.Namespace
+) -> str:
+    """One answer streamed, its content deltas joined."""
+    stream = await client.chat.completions.create(
+        model=args.model, messages=messages, max_tokens=args.max_tokens, temperature=0.0,
+        stream=True,
+    )  # fmt: skip
+    parts = []
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+    return "".join(parts)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -70,6 +89,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=2048)
+    parser.add_argument("--stream", action="store_true", help="streamed requests")
     print(json.dumps(asyncio.run(run(parser.parse_args()))))
 
 

@@ -7,8 +7,10 @@ Side by side in one run, on loopback against the simulator (a stand-in for vLLM,
   baseline (bench/baseline_asyncio.py) at several concurrencies on the same server.
 - adaptive: the same with no cap given and ``EAGLEGEN_ADAPTIVE=true``; the simulator's capacity
   is changed twice mid-run through ``/sim/config``.
-- overhead: a zero-latency simulator; samples/s through the whole path (enqueue -> worker ->
-  Redis -> collector -> JSONL) vs the baseline.
+- overhead: a zero-latency simulator streaming one token a chunk (as vLLM does); samples/s
+  and CPU per sample and per 1,000 tokens through the whole path (enqueue -> worker -> Redis ->
+  collector -> JSONL) vs the baseline, not streaming and streaming; Redis commands, round
+  trips and CPU per sample (so the samples/s one Redis core can carry); enqueue rows/s.
 - memory: worker RSS at 128 and 512 requests in flight; Redis bytes per queued sample and per
   stored result (``MEMORY USAGE``, exact, this database only).
 - scale: 2 workers x 2 endpoints vs 1 x 1 under a cap below the servers' capacity; the
@@ -38,9 +40,18 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from stack import CLIENT, Row, Sampler, Stack, cpu_seconds, rss_mib, write_prompts  # noqa: E402
+from stack import (  # noqa: E402
+    CLIENT,
+    RedisUse,
+    Row,
+    Sampler,
+    Stack,
+    cpu_seconds,
+    rss_mib,
+    write_prompts,
+)
 
-from common.keys import EndpointKeys  # noqa: E402
+from common.keys import EndpointKeys, queue_lists  # noqa: E402
 from common.store import connect  # noqa: E402
 from simulator.answers import expected_answer  # noqa: E402
 from simulator.config import SimConfig  # noqa: E402
@@ -76,7 +87,9 @@ def run_eaglegen(stack: Stack, run: str, prompts: Path, timeout: float = 600) ->
     return time.monotonic() - started
 
 
-def run_baseline(sim: Simulator, prompts: Path, concurrency: int, out: Path) -> float:
+def run_baseline(
+    sim: Simulator, prompts: Path, concurrency: int, out: Path, stream: bool = False
+) -> float:
     """The baseline script's own timing (first request to last line written)."""
     out.unlink(missing_ok=True)
     script = ROOT / "bench" / "baseline_asyncio.py"
@@ -92,6 +105,7 @@ def run_baseline(sim: Simulator, prompts: Path, concurrency: int, out: Path) -> 
         str(out),
         "--concurrency",
         str(concurrency),
+        *(["--stream"] if stream else []),
     ]
     done = subprocess.run(
         args, env=child_env(), capture_output=True, text=True, check=True, timeout=900
@@ -294,41 +308,90 @@ def _settling(rows: list[Row], phases: list[tuple[float, int]]) -> list[dict[str
 
 
 def overhead(redis_url: str, work: Path, p: argparse.Namespace) -> dict[str, Any]:
-    """Samples/s with no model time at all: what the pipeline itself costs, and its CPU."""
+    """Samples/s with no model time at all, one token a chunk as vLLM streams: what the
+    pipeline itself costs (CPU, Redis), against the baseline without and with streaming."""
     prompts = write_prompts(work / "overhead.jsonl", p.overhead_samples, "overhead")
     n = p.overhead_samples
     with Stack(redis_url, work, "overhead") as stack:
-        sim = stack.simulator("--max-num-seqs", "512", "--time-per-token", "0", *ANSWERS)
+        sim = stack.simulator(
+            "--max-num-seqs", "512", "--time-per-token", "0", "--fast-chunk-tokens", "1",
+            *ANSWERS,
+        )  # fmt: skip
         stack.env["EAGLEGEN_ENDPOINTS"] = sim.endpoint
+        enqueue = _enqueue_rate(stack, work, p.enqueue_rows)  # before any worker takes them
         workers = [
             stack.worker(p.overhead_concurrency // p.workers, EAGLEGEN_MAX_INFLIGHT="512")
             for _ in range(p.workers)
         ]
         stack.warm_up(work)
-        out = stack.dir / "overhead.jsonl"
-        collector = stack.collector("overhead", out)
-        pids = [w.pid for w in workers] + [collector.pid]
-        cpu_before, own_before = sum(map(cpu_seconds, pids)), time.process_time()
-        started = time.monotonic()
-        stack.enqueue("overhead", prompts)
-        stack.wait_done("overhead", 600)
-        wall = time.monotonic() - started
-        cpu = sum(map(cpu_seconds, pids)) - cpu_before + time.process_time() - own_before
-        children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        base = run_baseline(sim, prompts, p.overhead_concurrency, work / "overhead-base.jsonl")
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        base_cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+        pids = [w.pid for w in workers]
+        eaglegen, redis_use = _eaglegen_overhead(stack, sim, prompts, n, pids)
+        baseline = {
+            mode: _baseline_overhead(sim, prompts, p.overhead_concurrency, work, mode == "stream")
+            for mode in ("plain", "stream")
+        }
     return {
         "samples": n,
         "concurrency": p.overhead_concurrency,
-        "eaglegen_samples_per_s": round(n / wall, 1),
-        "baseline_samples_per_s": round(n / base, 1),
-        "ratio": round(base / wall, 3),
-        "cpu_ms_per_sample": {
-            "eaglegen": round(cpu / n * 1000, 2),
-            "baseline": round(base_cpu / n * 1000, 2),
+        "tokens_per_chunk": 1,
+        "eaglegen": _per_sample(eaglegen, n),
+        "baseline": {mode: _per_sample(run, n) for mode, run in baseline.items()},
+        "ratio": {
+            mode: round(run["seconds"] / eaglegen["seconds"], 3) for mode, run in baseline.items()
         },
+        "redis": redis_use,
+        "enqueue": enqueue,
     }
+
+
+def _eaglegen_overhead(
+    stack: Stack, sim: Simulator, prompts: Path, n: int, worker_pids: list[int]
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Seconds, CPU and tokens of the whole path (enqueue -> worker -> Redis -> collector ->
+    JSONL), and what Redis did meanwhile."""
+    collector = stack.collector("overhead", stack.dir / "overhead.jsonl")
+    pids = [*worker_pids, collector.pid]
+    r = connect(stack.redis_url)
+    redis_before, tokens_before = RedisUse.read(r), tokens(sim)
+    cpu_before, own_before = sum(map(cpu_seconds, pids)), time.process_time()
+    started = time.monotonic()
+    stack.enqueue("overhead", prompts)
+    polls = stack.wait_done("overhead", 600)
+    wall = time.monotonic() - started
+    cpu = sum(map(cpu_seconds, pids)) - cpu_before + time.process_time() - own_before
+    redis_use = RedisUse.read(r).since(redis_before, polls, n)
+    return {"seconds": wall, "cpu_s": cpu, "tokens": tokens(sim) - tokens_before}, redis_use
+
+
+def _baseline_overhead(
+    sim: Simulator, prompts: Path, concurrency: int, work: Path, stream: bool
+) -> dict[str, float]:
+    before, children = tokens(sim), resource.getrusage(resource.RUSAGE_CHILDREN)
+    seconds = run_baseline(sim, prompts, concurrency, work / "overhead-base.jsonl", stream)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    return {"seconds": seconds, "cpu_s": cpu, "tokens": tokens(sim) - before}
+
+
+def _per_sample(run: dict[str, float], n: int) -> dict[str, float]:
+    return {
+        "samples_per_s": round(n / run["seconds"], 1),
+        "cpu_ms_per_sample": round(run["cpu_s"] / n * 1000, 2),
+        "cpu_ms_per_1k_tokens": round(run["cpu_s"] / run["tokens"] * 1e6, 2),
+        "tokens_per_sample": round(run["tokens"] / n, 1),
+    }
+
+
+def _enqueue_rate(stack: Stack, work: Path, rows: int) -> dict[str, float]:
+    """Rows/s of ``enqueue`` into Redis with no worker running (the producer alone)."""
+    source = write_prompts(work / "enqueue.jsonl", rows, "enqueue")
+    started = time.monotonic()
+    stack.enqueue("enqueue", source)
+    seconds = time.monotonic() - started
+    connect(stack.redis_url).delete(
+        *stack.store("enqueue").keys.all_keys(), *queue_lists(stack.queue)
+    )
+    return {"rows": rows, "seconds": round(seconds, 3), "rows_per_s": round(rows / seconds)}
 
 
 def memory(redis_url: str, work: Path, p: argparse.Namespace) -> dict[str, Any]:
@@ -363,9 +426,12 @@ def _key_bytes(stack: Stack, run: str, extra: list[str]) -> int:
 def _queued_bytes(stack: Stack, work: Path, n: int) -> dict[str, Any]:
     prompts = write_prompts(work / "queued.jsonl", n, "queued")
     stack.enqueue("queued", prompts)
-    total = _key_bytes(stack, "queued", [stack.queue])
+    # The messages wait in the list of their priority step (queue_lists), not in `queue` itself.
+    total = _key_bytes(stack, "queued", queue_lists(stack.queue))
     prompt_bytes = statistics.fmean(len(line) for line in prompts.read_text().splitlines())
-    connect(stack.redis_url).delete(*stack.store("queued").keys.all_keys(), stack.queue)
+    connect(stack.redis_url).delete(
+        *stack.store("queued").keys.all_keys(), *queue_lists(stack.queue)
+    )
     return {"bytes": round(total / n), "prompt_json_bytes": round(prompt_bytes)}
 
 
@@ -491,10 +557,26 @@ def _adaptive_lines(a: dict[str, Any]) -> list[str]:
 
 
 def _overhead_lines(o: dict[str, Any]) -> list[str]:
+    runs = [("EagleGen", o["eaglegen"]), ("baseline, not streaming", o["baseline"]["plain"]),
+            ("baseline, streaming", o["baseline"]["stream"])]  # fmt: skip
+    r, e = o["redis"], o["enqueue"]
     return [
-        f"overhead: EagleGen {o['eaglegen_samples_per_s']} samples/s, baseline "
-        f"{o['baseline_samples_per_s']} samples/s (ratio {o['ratio']}); CPU per sample "
-        f"{o['cpu_ms_per_sample']} ms",
+        f"overhead: zero latency, {o['samples']} samples, {o['tokens_per_chunk']} token a "
+        f"chunk, {o['concurrency']} at once; EagleGen / baseline samples/s: "
+        f"{o['ratio']['plain']} (not streaming), {o['ratio']['stream']} (streaming)",
+        "",
+        "| run | samples/s | CPU ms per sample | CPU ms per 1,000 tokens |",
+        "|---|---|---|---|",
+        *(
+            f"| {name} | {run['samples_per_s']} | {run['cpu_ms_per_sample']} "
+            f"| {run['cpu_ms_per_1k_tokens']} |"
+            for name, run in runs
+        ),
+        "",
+        f"Redis per sample: {r['commands_per_sample']} commands, {r['reads_per_sample']} read "
+        f"events (round trips), {r['cpu_ms_per_sample']} ms CPU: one Redis core tops out "
+        f"near {r['one_redis_ceiling_samples_per_s']} samples/s ({r['note']})",
+        f"enqueue: {e['rows_per_s']} rows/s ({e['rows']} rows, no worker running)",
         "",
     ]
 
@@ -561,6 +643,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--adaptive-interval", type=float, default=0.5)
     parser.add_argument("--overhead-samples", type=int, default=1000)
     parser.add_argument("--overhead-concurrency", type=int, default=64)
+    parser.add_argument("--enqueue-rows", type=int, default=5000)
     parser.add_argument("--scale-cap", type=int, default=16)
     parser.add_argument("--scale-samples", type=int, default=320)
     parser.add_argument("--scale-per-token", type=float, default=0.02)

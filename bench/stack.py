@@ -15,6 +15,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -179,17 +182,22 @@ class Stack:
             table.undrain(url)
         return enqueue_s
 
-    def wait_done(self, run: str, timeout: float, written: bool = True) -> None:
-        """Until every sample of ``run`` is answered (and on disk when ``written``)."""
+    def wait_done(self, run: str, timeout: float, written: bool = True) -> int:
+        """Until every sample of ``run`` is answered (and on disk when ``written``); returns
+        how many times Redis was asked (each ask is ``POLL_COMMANDS`` commands)."""
         store = self.store(run)
+        polls = 0
 
         def done() -> bool:
+            nonlocal polls
+            polls += 1
             counts = store.counts()
             if counts.total == 0:  # would read as complete
                 raise RuntimeError(f"run {run} vanished: was the database flushed under us?")
             return counts.complete if written else counts.done + counts.failed == counts.total
 
         wait_for(done, timeout, f"run {run} to complete", every=0.05)
+        return polls
 
     def warm_up(self, tmp: Path) -> None:
         """A few samples through the workers, so start-up costs stay out of the timings."""
@@ -204,6 +212,48 @@ class Stack:
     def stop_all(self) -> None:
         """SIGTERM every child, SIGKILL the ones that linger."""
         self.procs.stop_all()
+
+
+# RunStore.counts(), the bench's own progress poll: MULTI, six reads, EXEC.
+POLL_COMMANDS = 8
+
+
+@dataclass(frozen=True)
+class RedisUse:
+    """What the Redis server has done so far: commands by name, read events, CPU seconds.
+
+    Server-wide: INFO covers every client of the server, other databases' included. Deltas
+    between two readings, so nothing is reset under other users of the server.
+    """
+
+    commands: dict[str, int]
+    reads: int
+    cpu_s: float
+
+    @classmethod
+    def read(cls, client: redis.Redis) -> RedisUse:
+        """The server's counters now."""
+        stats = client.info("commandstats")
+        cpu = client.info("cpu")
+        commands = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+        reads = int(client.info("stats")["total_reads_processed"])
+        return cls(commands, reads, float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]))
+
+    def since(self, before: RedisUse, polls: int, samples: int) -> dict[str, Any]:
+        """Per sample between ``before`` and now, less the bench's own ``polls``."""
+        calls = {k: n - before.commands.get(k, 0) for k, n in self.commands.items()}
+        total = sum(calls.values()) - polls * POLL_COMMANDS - 3  # and the 3 INFO of a reading
+        cpu = self.cpu_s - before.cpu_s
+        top = sorted(calls.items(), key=lambda kv: -kv[1])[:12]
+        return {
+            "commands_per_sample": round(total / samples, 2),
+            "reads_per_sample": round((self.reads - before.reads - polls - 3) / samples, 2),
+            "cpu_ms_per_sample": round(cpu / samples * 1000, 3),
+            "one_redis_ceiling_samples_per_s": round(samples / cpu) if cpu > 0 else None,
+            "top_commands_per_sample": {k: round(n / samples, 2) for k, n in top},
+            "note": f"server-wide (INFO of the whole server, other databases' clients too), "
+            f"less the bench's own {polls} progress polls",
+        }
 
 
 def rss_mib(pid: int) -> float:

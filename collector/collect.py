@@ -23,6 +23,7 @@ from common.store import RunStore
 log = logging.getLogger("eaglegen.collector")
 IDLE_MAX_S = 1.0  # longest pause between looks at an empty ready list
 REDIS_PAUSE_S = 1.0
+LINGER_S = 0.1  # after a batch smaller than the limit, before the next look
 
 
 @dataclass
@@ -79,10 +80,10 @@ class Collector:
             return True
 
     def _step(self, stop: threading.Event, once: bool) -> bool:
-        # Ids left in the collecting list (a crash, or a commit lost to a Redis restart) go
+        # Ids left in the collecting list (a crash, or a commit lost to a Redis restart) come
         # first; the sink skips any already on disk.
         self._renew()
-        ids = self.store.collecting() or self.store.take_ready(self.token, self.batch)
+        ids = self.store.take_ready(self.token, self.batch)
         if not ids:
             if once:
                 return False
@@ -91,6 +92,10 @@ class Collector:
             return True
         self._idle = 0.0
         self._flush(ids)
+        if len(ids) < self.batch and not once:
+            # Results trickle in one by one: let a batch build up, or each would cost its own
+            # fsync and a dozen Redis commands.
+            stop.wait(LINGER_S)
         return True
 
     @property

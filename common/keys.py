@@ -96,6 +96,11 @@ def queue_lists(queue: str) -> list[str]:
     return [queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
 
 
+# Fields beside a sample's prompt in ``RunKeys.prompts`` (Lua scripts get them as arguments).
+ATTEMPTS_SUFFIX = "|attempts"
+PARTIAL_SUFFIX = "|partial"
+
+
 @dataclass(frozen=True)
 class RunKeys:
     """Names of one run's keys."""
@@ -123,18 +128,20 @@ class RunKeys:
 
     @property
     def prompts(self) -> str:
-        """Hash id -> sample JSON; kept until the sample is done."""
+        """Hash of each unfinished sample's working state: id -> sample JSON, and beside it
+        ``attempts_field(id)`` and ``partial_field(id)``. One hash, so a worker reads what it
+        needs with one HMGET and a finished sample leaves with one HDEL."""
         return self._key("prompts")
 
-    @property
-    def partial(self) -> str:
-        """Hash id -> turns already answered, so a retry resumes where it stopped."""
-        return self._key("partial")
+    @staticmethod
+    def attempts_field(sample_id: str) -> str:
+        """In ``prompts``: how many times a worker started on the sample since it was queued."""
+        return sample_id + ATTEMPTS_SUFFIX
 
-    @property
-    def attempts(self) -> str:
-        """Hash id -> number of times a worker started on the sample."""
-        return self._key("attempts")
+    @staticmethod
+    def partial_field(sample_id: str) -> str:
+        """In ``prompts``: turns already answered, so a retry resumes where it stopped."""
+        return sample_id + PARTIAL_SUFFIX
 
     @property
     def results(self) -> str:
@@ -199,7 +206,7 @@ class RunKeys:
     def all_keys(self) -> list[str]:
         """Every key of the run (for deletion)."""
         names = [
-            "meta", "accepted", "pending", "prompts", "partial", "attempts", "results",
+            "meta", "accepted", "pending", "prompts", "results",
             "ready", "collecting", "failed", "leases", "lease_owner", "counters",
             "collector_lock", "stats", "endpoint_stats",
         ]  # fmt: skip

@@ -14,29 +14,50 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 # -- a run's samples (common/store.py) -------------------------------------------------------
 
-# KEYS: accepted, pending, prompts   ARGV: id, sample json
+# KEYS: accepted, pending, prompts   ARGV: id1, sample json1, id2, sample json2...
+# A batch in one call: per id 1 if new, 0 if the run already had it. New ids join pending and
+# their prompts are stored with one command each for the whole batch.
 ACCEPT = """
-if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('SADD', KEYS[2], ARGV[1])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-return 1
+local fresh, ids, prompts = {}, {}, {}
+for i = 1, #ARGV, 2 do
+  local new = redis.call('SADD', KEYS[1], ARGV[i])
+  fresh[#fresh + 1] = new
+  if new == 1 then
+    ids[#ids + 1] = ARGV[i]
+    prompts[#prompts + 1] = ARGV[i]
+    prompts[#prompts + 1] = ARGV[i + 1]
+  end
+end
+if #ids > 0 then
+  redis.call('SADD', KEYS[2], unpack(ids))
+  redis.call('HSET', KEYS[3], unpack(prompts))
+end
+return fresh
 """
 
-# KEYS: pending, leases, lease_owner, attempts, counters   ARGV: id, owner, ttl_ms, retries
+# KEYS: pending, leases, lease_owner, prompts, counters
+# ARGV: id, owner, ttl_ms, retries, attempts field, partial field
+# Everything a worker needs to start on a sample, in one call: the lease, the attempt count,
+# the prompt and the turns answered by earlier attempts. Returns {'ok', attempts, prompt,
+# partial} (prompt or partial nil when absent), or {'done'} / {'leased'}.
 # An attempt beyond the message's own retries means the message came again (the reconciler,
-# a hand-back, the visibility timeout): counted as a redelivery.
-LEASE_ACQUIRE = (
+# a hand-back, the visibility timeout): counted as a redelivery. A lease and its owner are
+# always written and removed together, so a sample without an owner has no lease to check.
+LEASE_TAKE = (
     NOW_MS
     + """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 'done' end
-local expiry = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return {'done'} end
 local owner = redis.call('HGET', KEYS[3], ARGV[1])
-if expiry and tonumber(expiry) > now and owner ~= ARGV[2] then return 'leased' end
+if owner and owner ~= ARGV[2] then
+  local expiry = redis.call('ZSCORE', KEYS[2], ARGV[1])
+  if expiry and tonumber(expiry) > now then return {'leased'} end
+end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-local attempts = redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
+local attempts = redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
 if attempts > tonumber(ARGV[4]) + 1 then redis.call('HINCRBY', KEYS[5], 'redeliveries', 1) end
-return 'ok'
+local found = redis.call('HMGET', KEYS[4], ARGV[1], ARGV[6])
+return {'ok', attempts, found[1], found[2]}
 """
 )
 
@@ -72,21 +93,23 @@ end
 return 0
 """
 
-# KEYS: pending, results, ready, leases, lease_owner, prompts, partial, attempts, counters
-# ARGV: id, record json, completion tokens, token
-# 1 stored, 0 already finished, -1 refused: another worker holds the lease (ours was lost).
+# KEYS: pending, results, ready, leases, lease_owner, prompts, counters
+# ARGV: id, record json, completion tokens, token, attempts field, partial field
+# A sample's whole finish: 1 stored, 0 already finished, -1 refused: another worker holds the
+# lease (ours was lost). Our lease ends here in every case but the last.
 STORE_RESULT = """
 local owner = redis.call('HGET', KEYS[5], ARGV[1])
 if owner and owner ~= ARGV[4] then return -1 end
-if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+local stored = redis.call('SREM', KEYS[1], ARGV[1])
+if owner then
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('HDEL', KEYS[5], ARGV[1])
+end
+if stored == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('RPUSH', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('HDEL', KEYS[5], ARGV[1])
-redis.call('HDEL', KEYS[6], ARGV[1])
-redis.call('HDEL', KEYS[7], ARGV[1])
-redis.call('HDEL', KEYS[8], ARGV[1])
-redis.call('HINCRBY', KEYS[9], 'completion_tokens', tonumber(ARGV[3]))
+redis.call('HDEL', KEYS[6], ARGV[1], ARGV[5], ARGV[6])
+redis.call('HINCRBY', KEYS[7], 'completion_tokens', tonumber(ARGV[3]))
 return 1
 """
 
@@ -103,13 +126,15 @@ redis.call('HINCRBY', KEYS[5], 'failed:' .. ARGV[3], 1)
 return 1
 """
 
-# KEYS: failed, pending, attempts   ARGV: max ids   returns the ids moved back to pending
+# KEYS: failed, pending, prompts   ARGV: max ids, attempts suffix
+# Returns the ids moved back to pending; their attempts count from zero again, their answered
+# turns are kept.
 REQUEUE_FAILED = """
 local ids = redis.call('HKEYS', KEYS[1])
 local moved = {}
 for i = 1, math.min(#ids, tonumber(ARGV[1])) do
   redis.call('HDEL', KEYS[1], ids[i])
-  redis.call('HDEL', KEYS[3], ids[i])
+  redis.call('HDEL', KEYS[3], ids[i] .. ARGV[2])
   redis.call('SADD', KEYS[2], ids[i])
   table.insert(moved, ids[i])
 end
@@ -121,9 +146,13 @@ return moved
 # disk) wakes up unable to take or delete what its successor is writing.
 
 # KEYS: lock, ready, collecting   ARGV: token, limit
-# Moves up to ``limit`` ids from ready to collecting; returns them, or -1 when not the holder.
+# Ids a previous turn took and did not commit (a crash, a commit lost to a Redis restart) come
+# back first, all of them; else up to ``limit`` ids move from ready to collecting. Returns the
+# ids, or -1 when not the holder.
 TAKE_READY = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local left = redis.call('LRANGE', KEYS[3], 0, -1)
+if #left > 0 then return left end
 local ids = redis.call('LRANGE', KEYS[2], 0, tonumber(ARGV[2]) - 1)
 if #ids == 0 then return ids end
 redis.call('LTRIM', KEYS[2], #ids, -1)
@@ -133,16 +162,30 @@ return ids
 
 # KEYS: lock, collecting, results, counters   ARGV: token, id...
 # After the lines are fsynced: those ids (only those) leave collecting and results and count
-# as written. Returns how many results left Redis, or -1 when not the holder.
+# as written. Returns how many results left Redis, or -1 when not the holder. The ids are
+# normally the whole head of the collecting list (what TAKE_READY returned), cut in one LTRIM;
+# anything else is removed id by id. Fields go in slices: Lua's unpack has a stack limit.
 COMMIT_COLLECTED = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-local n = 0
-for i = 2, #ARGV do
-  redis.call('LREM', KEYS[2], 1, ARGV[i])
-  n = n + redis.call('HDEL', KEYS[3], ARGV[i])
+local n = #ARGV - 1
+if n == 0 then return 0 end
+local head = redis.call('LRANGE', KEYS[2], 0, n - 1)
+local same = true
+for i = 1, n do
+  if head[i] ~= ARGV[i + 1] then same = false break end
 end
-redis.call('HINCRBY', KEYS[4], 'written', n)
-return n
+if same then
+  redis.call('LTRIM', KEYS[2], n, -1)
+else
+  for i = 2, #ARGV do redis.call('LREM', KEYS[2], 1, ARGV[i]) end
+end
+local deleted = 0
+for first = 2, #ARGV, 1000 do
+  local last = math.min(first + 999, #ARGV)
+  deleted = deleted + redis.call('HDEL', KEYS[3], unpack(ARGV, first, last))
+end
+redis.call('HINCRBY', KEYS[4], 'written', deleted)
+return deleted
 """
 
 # KEYS: retired, pending, results, ready, collecting, failed, then every other key of the run
@@ -194,6 +237,8 @@ return redis.call('ZCOUNT', KEYS[1], '-inf', now)
 # KEYS: drained set, then per endpoint its slots zset and its cap string
 # ARGV: token, ttl_ms, rotation, channel, then per endpoint: url, configured cap, eligible 0/1
 # Returns the 1-based index of the endpoint that gave a slot, or 0 when none is free.
+# Only live leases count (ZCOUNT above now); expired ones are pruned by SLOT_RENEW and
+# SLOT_SNAPSHOT, not on every request.
 SLOT_ACQUIRE = (
     NOW_MS
     + """
@@ -202,11 +247,10 @@ local best, best_free = 0, 0
 for j = 0, n - 1 do
   local i = (j + tonumber(ARGV[3])) % n + 1
   local slots = KEYS[2 * i]
-  redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
   local url = ARGV[3 * i + 2]
   if ARGV[3 * i + 4] == '1' and redis.call('SISMEMBER', KEYS[1], url) == 0 then
     local cap = tonumber(redis.call('GET', KEYS[2 * i + 1]) or ARGV[3 * i + 3])
-    local free = cap - redis.call('ZCARD', slots)
+    local free = cap - redis.call('ZCOUNT', slots, '(' .. now, '+inf')
     if free > best_free then best, best_free = i, free end
   end
 end
@@ -224,12 +268,14 @@ return n
 """
 
 # KEYS: slots   ARGV: ttl_ms, token...   returns the tokens no longer in the set
-# XX: only a lease still in the set is extended. A missing token was either given back after
-# the renewer's snapshot (re-adding it would count a request that is over: phantom capacity)
-# or expired and pruned; the caller tells the two apart and puts back only the second.
+# Expired leases (their holder died) are pruned first. XX: only a lease still in the set is
+# extended. A missing token was either given back after the renewer's snapshot (re-adding it
+# would count a request that is over: phantom capacity) or expired and pruned; the caller
+# tells the two apart and puts back only the second.
 SLOT_RENEW = (
     NOW_MS
     + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local missing = {}
 for i = 2, #ARGV do
   if redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[1]), ARGV[i]) == 0

@@ -85,6 +85,11 @@ class Settings(BaseSettings):
     rpm: int | None = Field(default=None, ge=1)  # requests per minute, cluster-wide
     tpm: int | None = Field(default=None, ge=1)  # prompt + completion tokens per minute
 
+    # Celery task events (a PUBLISH per task state change): only Flower's task views need them.
+    # Off, Flower still turns them on in running workers (its enable_events broadcast, every
+    # 5 s); on, a worker sends them from its start (docker-compose.yml, which runs Flower).
+    task_events: bool = False
+
     # Prometheus: a worker serves its request metrics here when set (0 = off).
     metrics_port: int = Field(default=0, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"

@@ -1,14 +1,17 @@
 """Run statistics: throughput, latency and token distributions, errors, goodput.
 
-Everything is kept in a handful of Redis hashes per run, updated with HINCRBY as turns finish,
-so reading a run's figures costs a few round trips whatever its size (1M samples included).
-Rates come from 10-second buckets that expire; percentiles from fixed histogram buckets.
+Everything is kept in a handful of Redis hashes per run, updated with HINCRBY (added up in each
+worker and written about once a second), so reading a run's figures costs a few round trips
+whatever its size (1M samples included). Rates come from 10-second buckets that expire;
+percentiles from fixed histogram buckets.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,41 +106,108 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+@dataclass
+class StatsBatch:
+    """Statistics added up in memory between two writes: increments per (hash, field)."""
+
+    ints: Counter[tuple[str, str]] = field(default_factory=Counter)
+    floats: dict[tuple[str, str], float] = field(default_factory=dict)
+    expiring: set[str] = field(default_factory=set)  # rate buckets touched
+    last_finished_at: float | None = None
+
+    def add(self, key: str, name: str, amount: int) -> None:
+        """Count ``amount`` more in a hash field."""
+        self.ints[(key, name)] += amount
+
+    def add_float(self, key: str, name: str, amount: float) -> None:
+        """Add ``amount`` to a hash field holding a sum of seconds."""
+        self.floats[(key, name)] = self.floats.get((key, name), 0.0) + amount
+
+    def merge(self, other: StatsBatch) -> None:
+        """Take in a batch that could not be written (it goes out with the next write)."""
+        self.ints.update(other.ints)
+        for where, amount in other.floats.items():
+            self.add_float(*where, amount)
+        self.expiring |= other.expiring
+        if other.last_finished_at is not None:
+            self.last_finished_at = max(self.last_finished_at or 0.0, other.last_finished_at)
+
+    def __bool__(self) -> bool:
+        return bool(self.ints or self.floats or self.last_finished_at is not None)
+
+    def write(self, pipe: redis.client.Pipeline, stats_key: str) -> None:
+        """Queue the batch's commands on ``pipe``."""
+        for (key, name), amount in self.ints.items():
+            pipe.hincrby(key, name, amount)
+        for (key, name), total in self.floats.items():
+            pipe.hincrbyfloat(key, name, total)
+        for bucket in self.expiring:
+            pipe.expire(bucket, RATE_WINDOW_S * 3)
+        if self.last_finished_at is not None:
+            pipe.hset(stats_key, "last_finished_at", repr(self.last_finished_at))
+
+
 class StatsRecorder:
-    """Writes a run's statistics; one per (process, run)."""
+    """Writes a run's statistics; one per (process, run).
+
+    Turns and finished samples are added up in memory and written by ``flush()``, which a
+    worker calls about once a second: one round trip a second instead of two per sample. They
+    feed rates, latency and token distributions; a worker killed outright loses at most its
+    last second of them. What must stay exact (done, failed, written, completion tokens,
+    retries, redeliveries) is written by the store's scripts with the transition itself.
+    Errors are rare and written at once.
+    """
 
     def __init__(self, client: redis.Redis, keys: RunKeys, secrets: list[str]) -> None:
         self.r = client
         self.keys = keys
         self.secrets = secrets
+        self._batch = StatsBatch()
+        self._lock = threading.Lock()
 
     def turn(self, endpoint: str, latency_s: float, completion_tokens: int) -> None:
         """A turn came back from the model."""
         k = self.keys
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hincrby(k.stats, "turns", 1)
-        pipe.hincrby(k.stats, "turn_tokens", completion_tokens)
-        pipe.hincrbyfloat(k.stats, "latency_sum", latency_s)
-        pipe.hincrby(k.stats, f"lat:{bucket_index(latency_s, LATENCY_BOUNDS)}", 1)
-        pipe.hincrby(k.stats, f"tok:{bucket_index(completion_tokens, TOKEN_BOUNDS)}", 1)
-        pipe.hincrby(k.endpoint_stats, f"{endpoint}|requests", 1)
-        pipe.hincrby(k.endpoint_stats, f"{endpoint}|tokens", completion_tokens)
-        pipe.hincrbyfloat(k.endpoint_stats, f"{endpoint}|latency_sum", latency_s)
-        pipe.execute()
+        with self._lock:
+            b = self._batch
+            b.add(k.stats, "turns", 1)
+            b.add(k.stats, "turn_tokens", completion_tokens)
+            b.add_float(k.stats, "latency_sum", latency_s)
+            b.add(k.stats, f"lat:{bucket_index(latency_s, LATENCY_BOUNDS)}", 1)
+            b.add(k.stats, f"tok:{bucket_index(completion_tokens, TOKEN_BOUNDS)}", 1)
+            b.add(k.endpoint_stats, f"{endpoint}|requests", 1)
+            b.add(k.endpoint_stats, f"{endpoint}|tokens", completion_tokens)
+            b.add_float(k.endpoint_stats, f"{endpoint}|latency_sum", latency_s)
 
-    def finished(self, tokens: int, kept: bool) -> None:
+    def finished(self, tokens: int, kept: bool, now: float | None = None) -> None:
         """A sample's result was stored (kept) or was a duplicate (its tokens wasted)."""
-        bucket = self.keys.rate_bucket(int(time.time()) // BUCKET_S)
-        pipe = self.r.pipeline(transaction=False)
-        if kept:
+        now = time.time() if now is None else now
+        with self._lock:
+            b = self._batch
+            if not kept:
+                b.add(self.keys.stats, "wasted_tokens", tokens)
+                return
             # The time of the last stored result: rates freeze there once the run completes.
-            pipe.hset(self.keys.stats, "last_finished_at", repr(time.time()))
-            pipe.hincrby(bucket, "samples", 1)
-            pipe.hincrby(bucket, "tokens", tokens)
-            pipe.expire(bucket, RATE_WINDOW_S * 3)
-        else:
-            pipe.hincrby(self.keys.stats, "wasted_tokens", tokens)
-        pipe.execute()
+            b.last_finished_at = max(b.last_finished_at or 0.0, now)
+            bucket = self.keys.rate_bucket(int(now) // BUCKET_S)
+            b.add(bucket, "samples", 1)
+            b.add(bucket, "tokens", tokens)
+            b.expiring.add(bucket)
+
+    def flush(self) -> None:
+        """Write what was added up since the last flush, in one round trip."""
+        with self._lock:
+            batch, self._batch = self._batch, StatsBatch()
+        if not batch:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        batch.write(pipe, self.keys.stats)
+        try:
+            pipe.execute()
+        except redis.RedisError:
+            with self._lock:  # kept for the next flush rather than lost
+                self._batch.merge(batch)
+            raise
 
     def error(self, kind: str, message: str, endpoint: str | None, wasted_tokens: int) -> None:
         """An attempt failed; tokens it had streamed are thrown away."""

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import redis
 
 from common import errors, lua
 from common.errors import RunMismatch, RunRetired
-from common.keys import RunKeys, retired_runs_key, runs_key
+from common.keys import ATTEMPTS_SUFFIX, RunKeys, retired_runs_key, runs_key
 from common.locks import HeldLock
 from common.models import Failure, GenParams, Sample, TurnResult
 from common.redis_url import is_sentinel, sentinel_master_client
@@ -29,6 +29,20 @@ StoreOutcome = Literal["stored", "duplicate", "lease_lost"]
 _STORE_OUTCOMES: dict[int, StoreOutcome] = {1: "stored", 0: "duplicate", -1: "lease_lost"}
 RetireOutcome = Literal["retired", "unfinished", "already"]
 _RETIRE_OUTCOMES: dict[int, RetireOutcome] = {1: "retired", 0: "unfinished", -1: "already"}
+
+
+# Samples per ACCEPT call: Lua's unpack of a batch's ids has a stack limit.
+ACCEPT_CHUNK = 1000
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A lease taken (or refused) and what generating the sample needs."""
+
+    outcome: LeaseOutcome
+    attempts: int = 0
+    sample: Sample | None = None  # None: no stored prompt (a broken run)
+    partial: list[TurnResult] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -83,7 +97,7 @@ class RunStore:
         self.keys = RunKeys(prefix, run)
         reg = client.register_script
         self._accept = reg(lua.ACCEPT)
-        self._acquire = reg(lua.LEASE_ACQUIRE)
+        self._take = reg(lua.LEASE_TAKE)
         self._renew = reg(lua.LEASE_RENEW)
         self._release = reg(lua.LEASE_RELEASE)
         self._store_result = reg(lua.STORE_RESULT)
@@ -151,36 +165,43 @@ class RunStore:
     def accept(self, samples: list[Sample]) -> list[bool]:
         """Store new samples and mark them pending; True where the sample is new."""
         k = self.keys
-        pipe = self.r.pipeline(transaction=False)
-        for s in samples:
-            self._accept(
-                keys=[k.accepted, k.pending, k.prompts],
-                args=[s.id, s.model_dump_json()],
-                client=pipe,
-            )
-        return [bool(x) for x in pipe.execute()]
+        fresh: list[bool] = []
+        for start in range(0, len(samples), ACCEPT_CHUNK):
+            args: list[str] = []
+            for s in samples[start : start + ACCEPT_CHUNK]:
+                args += [s.id, s.model_dump_json()]
+            flags = self._accept(keys=[k.accepted, k.pending, k.prompts], args=args)
+            fresh += [bool(x) for x in flags]
+        return fresh
 
     def pending_count(self) -> int:
         """Samples accepted and not yet finished."""
         return int(self.r.scard(self.keys.pending))
 
     # -- worker -------------------------------------------------------------------------
-    def load_sample(self, sample_id: str) -> Sample | None:
-        """The stored prompt of a sample, or None once it is done."""
-        raw = self.r.hget(self.keys.prompts, sample_id)
-        return Sample.model_validate_json(str(raw)) if raw else None
-
-    def acquire(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> LeaseOutcome:
-        """Take the lease on a sample: 'ok', or why not ('done', 'leased').
+    def take(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> Taken:
+        """Take the lease on a sample and read what generating it needs, in one round trip.
 
         ``retries`` is the message's own retry count: attempts beyond it are redeliveries.
         """
         k = self.keys
-        outcome = self._acquire(
-            keys=[k.pending, k.leases, k.lease_owner, k.attempts, k.counters],
-            args=[sample_id, owner, int(ttl_s * 1000), retries],
-        )
-        return outcome  # type: ignore[no-any-return]
+        reply = self._take(
+            keys=[k.pending, k.leases, k.lease_owner, k.prompts, k.counters],
+            args=[sample_id, owner, int(ttl_s * 1000), retries, k.attempts_field(sample_id),
+                  k.partial_field(sample_id)],
+        )  # fmt: skip
+        if reply[0] != "ok":
+            return Taken(reply[0])
+        _, attempts, prompt, partial = reply
+        return Taken(
+            "ok", int(attempts),
+            Sample.model_validate_json(prompt) if prompt else None,
+            [TurnResult.model_validate(t) for t in json.loads(partial)] if partial else [],
+        )  # fmt: skip
+
+    def acquire(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> LeaseOutcome:
+        """Take the lease on a sample: 'ok', or why not ('done', 'leased')."""
+        return self.take(sample_id, owner, ttl_s, retries).outcome
 
     def renew(self, held: list[tuple[str, str]], ttl_s: float) -> list[str]:
         """Extend leases given as (id, owner); returns the ids someone else now holds."""
@@ -199,29 +220,24 @@ class RunStore:
 
     def attempts(self, sample_id: str) -> int:
         """How many times workers started on the sample since it was last (re)queued."""
-        return int(self.r.hget(self.keys.attempts, sample_id) or 0)
-
-    def load_partial(self, sample_id: str) -> list[TurnResult]:
-        """Turns already answered in earlier attempts."""
-        raw = self.r.hget(self.keys.partial, sample_id)
-        return [TurnResult.model_validate(t) for t in json.loads(str(raw))] if raw else []
+        return int(self.r.hget(self.keys.prompts, self.keys.attempts_field(sample_id)) or 0)
 
     def save_partial(self, sample_id: str, turns: list[TurnResult]) -> None:
         """Keep answered turns so a retry resumes at the first unanswered one."""
         payload = json.dumps([t.model_dump() for t in turns], ensure_ascii=False)
-        self.r.hset(self.keys.partial, sample_id, payload)
+        self.r.hset(self.keys.prompts, self.keys.partial_field(sample_id), payload)
 
     def store_result(
         self, sample_id: str, record_json: str, completion_tokens: int, token: str = ""
     ) -> StoreOutcome:
-        """Store a finished record once: 'stored', 'duplicate' (already finished) or
-        'lease_lost' (another worker holds the sample now; ours expired)."""
+        """Store a finished record once and end our lease: 'stored', 'duplicate' (already
+        finished) or 'lease_lost' (another worker holds the sample now; ours expired)."""
         k = self.keys
-        keys = [
-            k.pending, k.results, k.ready, k.leases, k.lease_owner, k.prompts, k.partial,
-            k.attempts, k.counters,
+        keys = [k.pending, k.results, k.ready, k.leases, k.lease_owner, k.prompts, k.counters]
+        args: list[str | int] = [
+            sample_id, record_json, completion_tokens, token, k.attempts_field(sample_id),
+            k.partial_field(sample_id),
         ]  # fmt: skip
-        args: list[str | int] = [sample_id, record_json, completion_tokens, token]
         return _STORE_OUTCOMES[int(self._store_result(keys=keys, args=args))]
 
     def store_failure(self, sample_id: str, failure: Failure, token: str = "") -> StoreOutcome:
@@ -285,12 +301,15 @@ class RunStore:
     def requeue_failed(self, limit: int = 10_000_000) -> list[str]:
         """Move failed samples back to pending; returns their ids (to be published)."""
         k = self.keys
-        moved = self._requeue_failed(keys=[k.failed, k.pending, k.attempts], args=[limit])
+        moved = self._requeue_failed(
+            keys=[k.failed, k.pending, k.prompts], args=[limit, ATTEMPTS_SUFFIX]
+        )
         return [str(x) for x in moved]
 
     # -- collector ----------------------------------------------------------------------
     def take_ready(self, token: str, limit: int) -> list[str]:
-        """Move up to ``limit`` ready ids to the collecting list, for the lock holder only."""
+        """Ids to write next, for the lock holder only: those a previous turn took and did not
+        commit, else up to ``limit`` moved from the ready list to the collecting list."""
         k = self.keys
         taken = self._take_ready(
             keys=[k.collector_lock, k.ready, k.collecting], args=[token, limit]

@@ -43,6 +43,9 @@ def simulate(
     time_per_token: Annotated[
         float, Opt(help="Seconds per token (0: as fast as possible).")
     ] = _DEFAULTS.time_per_token,
+    fast_chunk_tokens: Annotated[
+        int, Opt(help="Tokens per streamed chunk at --time-per-token 0 (1: like vLLM).")
+    ] = _DEFAULTS.fast_chunk_tokens,
     ttft: Annotated[
         float, Opt(help="Seconds to first token once a slot is free.")
     ] = _DEFAULTS.ttft,
@@ -101,6 +104,7 @@ def simulate(
         cfg = SimConfig(
             model_name=model_name,
             time_per_token=time_per_token,
+            fast_chunk_tokens=fast_chunk_tokens,
             ttft=ttft,
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,

@@ -16,7 +16,8 @@ class SimConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model_name: str = "eaglegen-sim"
-    time_per_token: float = Field(default=0.0, ge=0.0)  # seconds; 0 = 16-token chunks, no sleep
+    time_per_token: float = Field(default=0.0, ge=0.0)  # seconds; 0 = no sleep, in chunks of:
+    fast_chunk_tokens: int = Field(default=16, ge=1)  # tokens per chunk at time_per_token 0
     ttft: float = Field(default=0.0, ge=0.0)  # seconds to first token once a slot is free
     max_num_seqs: int = Field(default=64, ge=1)  # running sequences; the rest wait FIFO
     max_model_len: int = Field(default=4096, ge=2)  # prompt + completion tokens

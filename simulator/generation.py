@@ -10,9 +10,6 @@ from simulator.faults import MID_STREAM_FAULTS, Fault
 from simulator.jobs import Job, Piece, batch_pieces
 from simulator.state import EndEvent, SimState
 
-# With time_per_token == 0 tokens go out in chunks of this size, to keep the simulator fast.
-FAST_CHUNK_TOKENS = 16
-
 
 class SimulatedDisconnect(Exception):
     """Raised inside a response so that uvicorn drops the connection mid-answer."""
@@ -27,7 +24,7 @@ async def generate(state: SimState, job: Job) -> AsyncGenerator[list[Piece]]:
     try:
         await _pause(state.cfg.ttft + uncached * state.cfg.prefill_time_per_token)
         pieces = job.pieces[: job.cut] if job.fault in MID_STREAM_FAULTS else job.pieces
-        async for batch in _paced(pieces, state.cfg.time_per_token):
+        async for batch in _paced(pieces, state.cfg.time_per_token, state.cfg.fast_chunk_tokens):
             sent += len(batch)
             state.on_tokens(len(batch))
             yield batch
@@ -44,9 +41,12 @@ async def generate(state: SimState, job: Job) -> AsyncGenerator[list[Piece]]:
         state.on_end(job, event, sent)
 
 
-async def _paced(pieces: list[Piece], time_per_token: float) -> AsyncIterator[list[Piece]]:
+async def _paced(
+    pieces: list[Piece], time_per_token: float, fast_chunk: int
+) -> AsyncIterator[list[Piece]]:
     if time_per_token <= 0:
-        for batch in batch_pieces(pieces, FAST_CHUNK_TOKENS):
+        # No pacing: tokens go out ``fast_chunk`` at a time (1 streams like vLLM, one a chunk).
+        for batch in batch_pieces(pieces, fast_chunk):
             yield batch
         return
     loop = asyncio.get_running_loop()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.models import Failure, GenParams, Sample, SourceRef, TurnResult, Usage
+from common.store import Taken
 
 
 def sample(sample_id: str = "s1", turns: tuple[str, ...] = ("q1",)) -> Sample:
@@ -71,14 +72,15 @@ class FakeStore:
     def params(self) -> GenParams | None:
         return self.params_
 
-    def acquire(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> str:
+    def take(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> Taken:
         if sample_id not in self.pending:
-            return "done"
+            return Taken("done")
         if self.leases.get(sample_id, owner) != owner:
-            return "leased"
+            return Taken("leased")
         self.leases[sample_id] = owner
         self.counters[f"attempts:{sample_id}"] = self.attempts(sample_id) + 1
-        return "ok"
+        partial = list(self.partial.get(sample_id, []))
+        return Taken("ok", self.attempts(sample_id), self.samples.get(sample_id), partial)
 
     def release(self, sample_id: str, owner: str) -> None:
         if self.leases.get(sample_id) == owner:
@@ -90,12 +92,6 @@ class FakeStore:
     def attempts(self, sample_id: str) -> int:
         return self.counters.get(f"attempts:{sample_id}", 0)
 
-    def load_sample(self, sample_id: str) -> Sample | None:
-        return self.samples.get(sample_id)
-
-    def load_partial(self, sample_id: str) -> list[TurnResult]:
-        return list(self.partial.get(sample_id, []))
-
     def save_partial(self, sample_id: str, turns: list[TurnResult]) -> None:
         self.partial[sample_id] = list(turns)
 
@@ -104,9 +100,11 @@ class FakeStore:
     ) -> str:
         if self.leases.get(sample_id, token) != token:
             return "lease_lost"
+        self.leases.pop(sample_id, None)
         if sample_id not in self.pending:
             return "duplicate"
         self.pending.discard(sample_id)
+        self.partial.pop(sample_id, None)
         self.results[sample_id] = record_json
         self.ready.append(sample_id)
         return "stored"
@@ -138,10 +136,9 @@ class FakeStore:
         return len(self.pending)
 
     # collector side
-    def collecting(self) -> list[str]:
-        return list(self.collecting_)
-
     def take_ready(self, token: str, limit: int) -> list[str]:
+        if self.collecting_:
+            return list(self.collecting_)
         taken, self.ready = self.ready[:limit], self.ready[limit:]
         self.collecting_ += taken
         return taken

@@ -121,14 +121,14 @@ def test_a_result_whose_lease_another_worker_took_is_refused_and_counted_wasted(
     store = FakeStore()
     store.add(sample("a"))
     proc, _, observer, _ = _processor(store, turn())
-    real_acquire = store.acquire
+    real_take = store.take
 
-    def acquire_then_lose(sample_id, owner, ttl_s, retries=0):
-        outcome = real_acquire(sample_id, owner, ttl_s, retries)
+    def take_then_lose(sample_id, owner, ttl_s, retries=0):
+        taken = real_take(sample_id, owner, ttl_s, retries)
         store.leases[sample_id] = "the-new-holder"  # ours expired mid-generation
-        return outcome
+        return taken
 
-    store.acquire = acquire_then_lose
+    store.take = take_then_lose
     assert proc.process("r", "a") == "lease_lost"
     assert "a" in store.pending and observer.events[-1] == ("finished", (7, False))
 

@@ -138,6 +138,17 @@ def test_streaming_sends_role_reasoning_content_finish_and_usage(sim: Sim) -> No
     assert chunks[-1].usage.completion_tokens == expected.completion_tokens
 
 
+def test_fast_chunk_tokens_1_streams_one_token_a_chunk_like_vllm(
+    start_sim: Callable[..., Sim],
+) -> None:
+    sim = start_sim(fast_chunk_tokens=1, reasoning_tokens=0)
+    expected = expected_answer(chat(), None, sim.cfg)
+    stream = sim.client().chat.completions.create(model=MODEL, messages=chat(), stream=True)
+    texts = [c.choices[0].delta.content for c in stream if c.choices]
+    tokens = [t for t in texts if t]  # without the role chunk and the finish chunk
+    assert len(tokens) == expected.completion_tokens and "".join(tokens) == expected.content
+
+
 def test_reasoning_never_shares_a_chunk_with_content(sim: Sim) -> None:
     stream = sim.client().chat.completions.create(model=MODEL, messages=chat(), stream=True)
     deltas = [c.choices[0].delta for c in stream]

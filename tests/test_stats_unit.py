@@ -1,5 +1,8 @@
 """Run statistics: what the recorder writes and what a snapshot reads back, without Redis."""
 
+import pytest
+import redis
+
 from common.keys import RunKeys
 from common.stats import LATENCY_BOUNDS, StatsRecorder, percentile, read_snapshot
 
@@ -10,6 +13,8 @@ class FakeHashes:
     def __init__(self):
         self.h: dict[str, dict[str, float | str]] = {}
         self.queued = []
+        self.executed = 0  # round trips
+        self.fail_next = False
 
     def pipeline(self, transaction=False):
         return self
@@ -38,6 +43,10 @@ class FakeHashes:
         self.queued.append(lambda: [self.h.get(key, {}).get(f) for f in fields])
 
     def execute(self):
+        self.executed += 1
+        if self.fail_next:
+            self.fail_next, self.queued = False, []
+            raise redis.ConnectionError("gone")
         out = [step() for step in self.queued]
         self.queued = []
         return out
@@ -54,6 +63,7 @@ def test_turns_errors_and_finished_samples_add_up_in_the_snapshot():
     rec.error("5xx", "boom sk-hidden", "http://e/v1", wasted_tokens=40)
     rec.finished(400, kept=True)
     rec.finished(50, kept=False)
+    rec.flush()
     snap = read_snapshot(client, KEYS, now=1000.0, since=0.0)
     assert (snap.turns, snap.completion_tokens_turns, snap.mean_latency) == (2, 400, 1.0)
     assert snap.wasted_tokens == 90 and snap.errors == {"5xx": 1}
@@ -66,3 +76,35 @@ def test_the_p95_is_the_upper_bound_of_its_histogram_bucket():
     assert percentile(counts, LATENCY_BOUNDS, 0.95) == 1.0
     assert percentile(counts, LATENCY_BOUNDS, 0.99) == 8.0
     assert percentile({}, LATENCY_BOUNDS, 0.95) is None
+
+
+def _turns(client: FakeHashes) -> int:
+    return read_snapshot(client, KEYS, now=1000.0, since=0.0).turns
+
+
+def test_turns_and_finished_samples_reach_redis_when_flushed_in_one_round_trip():
+    client = FakeHashes()
+    rec = StatsRecorder(client, KEYS, secrets=[])
+    for _ in range(50):
+        rec.turn("http://e/v1", 0.2, 30)
+        rec.finished(30, kept=True, now=1000.0)
+    assert _turns(client) == 0 and client.executed == 1  # the read only
+    rec.flush()
+    assert client.executed == 2  # one write for all fifty
+    rec.flush()  # nothing new: no round trip
+    assert client.executed == 2
+    snap = read_snapshot(client, KEYS, now=1000.0, since=0.0)
+    assert (snap.turns, snap.completion_tokens_turns) == (50, 1500)
+    assert snap.samples_per_s_minute > 0 and snap.last_finished_at == 1000.0
+
+
+def test_a_flush_that_fails_keeps_its_figures_for_the_next_one():
+    client = FakeHashes()
+    rec = StatsRecorder(client, KEYS, secrets=[])
+    rec.turn("http://e/v1", 0.2, 30)
+    client.fail_next = True
+    with pytest.raises(redis.ConnectionError):
+        rec.flush()
+    rec.turn("http://e/v1", 0.2, 30)
+    rec.flush()
+    assert _turns(client) == 2

@@ -43,9 +43,10 @@ class WorkerParts:
         self.clock = ClockWatch(self.redis, settings)
 
     def start_generating(self) -> None:
-        """What a task needs running: lease renewal and the endpoints' threads."""
+        """What a task needs running: lease renewal, the endpoints' threads, statistics."""
         self.leases.start()
         self.endpoints.start()
+        self.observer.start_flushing()
 
     def start(self) -> None:
         """Everything, once the worker is ready: also reconciliation, metrics and the summary."""

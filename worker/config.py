@@ -58,8 +58,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # True kills in-flight generations on a Redis blip (20 wasted calls measured); the
         # leases and the idempotent store already cover a lost connection.
         "worker_cancel_long_running_tasks_on_connection_loss": False,
-        # Flower needs task events; arguments are (run, sample id), never prompts or secrets.
-        "worker_send_task_events": True,
+        # Task events cost a PUBLISH per state change; only Flower's task views read them.
+        # Their arguments are (run, sample id), never prompts or secrets.
+        "worker_send_task_events": settings.task_events,
         # A "sent" event per task doubles the producer's Redis writes; Flower shows tasks from
         # their "received" event on.
         "task_send_sent_event": False,

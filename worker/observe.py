@@ -20,6 +20,9 @@ from common.stats import StatsRecorder
 from worker.ticker import Ticker
 
 log = logging.getLogger("eaglegen.worker")
+# Turn and sample statistics are written this often: a killed worker loses at most this much
+# of them (rates and distributions only; the exact counters are written with each sample).
+STATS_FLUSH_S = 1.0
 
 
 class Observer:
@@ -38,6 +41,7 @@ class Observer:
         self._recorders: dict[str, StatsRecorder] = {}
         self._lock = threading.Lock()
         self._ticker = Ticker("summary", min(self.summary.every_s, 15.0), self._log_summary)
+        self._flusher = Ticker("stats-flush", STATS_FLUSH_S, self.flush)
 
     def start(self) -> None:
         """Serve Prometheus metrics (if a port is set) and log the summary every minute."""
@@ -48,9 +52,25 @@ class Observer:
             serve(self.registry, self.settings.metrics_port, self.settings.metrics_host)
         self._ticker.start()
 
+    def start_flushing(self) -> None:
+        """Write the run statistics added up in memory every ``STATS_FLUSH_S`` (once)."""
+        self._flusher.start()
+
     def close(self) -> None:
-        """Stop the summary thread."""
+        """Stop the summary and flush threads; write what is left."""
         self._ticker.close()
+        self._flusher.close()
+        self.flush()
+
+    def flush(self) -> None:
+        """Write every run's statistics added up since the last flush."""
+        with self._lock:
+            recorders = list(self._recorders.values())
+        for recorder in recorders:
+            try:
+                recorder.flush()
+            except redis.RedisError as exc:
+                log.warning("run statistics not written (%s); kept for the next try", exc)
 
     def recorder(self, run: str) -> StatsRecorder:
         """The run's statistics writer (cached)."""

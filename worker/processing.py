@@ -23,7 +23,7 @@ from common.logs import secrets_of
 from common.models import Failure, GenParams, Sample, TurnResult
 from common.redact import redact
 from common.settings import Settings
-from common.store import RunStore
+from common.store import RunStore, Taken
 from worker.client import Messages
 from worker.generate import answer_turns, build_record
 from worker.leases import LeaseKeeper
@@ -100,15 +100,17 @@ class SampleProcessor:
 
     def _under_lease(self, store: RunStore, sample_id: str, retries: int) -> str:
         token = f"{self.owner}:{uuid.uuid4().hex[:8]}"
-        outcome = store.acquire(sample_id, token, self.settings.lease_ttl, retries)
-        if outcome != "ok":
-            log.debug("skip %s/%s: %s", store.run, sample_id, outcome)
-            return f"skipped:{outcome}"
+        taken = store.take(sample_id, token, self.settings.lease_ttl, retries)
+        if taken.outcome != "ok":
+            log.debug("skip %s/%s: %s", store.run, sample_id, taken.outcome)
+            return f"skipped:{taken.outcome}"
         cancelled = self.leases.hold(store.run, sample_id, token)
         try:
-            return self._generate(store, sample_id, token, cancelled)
-        finally:
+            return self._generate(store, sample_id, taken, token, cancelled)
+        except BaseException:
+            # Storing the result ends the lease; any other way out gives it back here.
             store.release(sample_id, token)
+            raise
 
     def fail(self, run: str, sample_id: str, exc: errors.GenerationError) -> None:
         """Record a sample as failed, with the error's class and message.
@@ -131,19 +133,20 @@ class SampleProcessor:
         self.store(run).incr("retries")
 
     def _generate(
-        self, store: RunStore, sample_id: str, token: str, cancelled: threading.Event
-    ) -> str:
-        sample = store.load_sample(sample_id)
-        if sample is None:
+        self, store: RunStore, sample_id: str, taken: Taken, token: str,
+        cancelled: threading.Event,
+    ) -> str:  # fmt: skip
+        if taken.sample is None:
             raise errors.PermanentError(f"sample {sample_id} has no stored prompt")
+        sample = taken.sample
         params = self.params(store.run)
         check = self._checker(sample_id, cancelled)
         turns = answer_turns(
-            sample, params, store.load_partial(sample_id),
+            sample, params, taken.partial,
             call=lambda messages: self._call(store.run, messages, params, check),
             save=lambda done: store.save_partial(sample_id, done),
         )  # fmt: skip
-        return self._finish(store, sample, params, turns, token)
+        return self._finish(store, sample, params, turns, token, taken.attempts)
 
     def _checker(self, sample_id: str, cancelled: threading.Event) -> Check:
         def check() -> None:
@@ -166,15 +169,15 @@ class SampleProcessor:
 
     def _finish(
         self, store: RunStore, sample: Sample, params: GenParams, turns: list[TurnResult],
-        token: str,
+        token: str, attempts: int,
     ) -> str:  # fmt: skip
-        record = build_record(store.run, sample, params, turns, store.attempts(sample.id))
+        record = build_record(store.run, sample, params, turns, attempts)
         tokens = sum(t.usage.completion_tokens for t in turns)
         outcome = self._store(store, sample.id, record.to_json(), tokens, token)
         self.observer.finished(store.run, tokens, kept=outcome == "stored")
         log.debug(
             "sample run=%s id=%s outcome=%s turns=%d tokens=%d attempts=%d latency_s=%.2f",
-            store.run, sample.id, outcome, len(turns), tokens, record.generation.attempts,
+            store.run, sample.id, outcome, len(turns), tokens, attempts,
             record.generation.latency_s,
         )  # fmt: skip
         return "done" if outcome == "stored" else outcome

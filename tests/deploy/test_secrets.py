@@ -214,6 +214,8 @@ def test_no_secret_reaches_logs_outputs_messages_flower_or_the_jsonl(
     port = servers.start("--requirepass", PASSWORD)
     stack = Stack(procs, f"redis://:{PASSWORD}@127.0.0.1:{port}/0", tmp_path)
     stack.env["EAGLEGEN_API_KEY"] = API_KEY
+    # Flower's task pages need task events from the workers' start, as docker-compose.yml sets.
+    stack.env["EAGLEGEN_TASK_EVENTS"] = "true"
     refused = {**stack.env, "EAGLEGEN_RUN": "refused", "EAGLEGEN_QUEUE": "q-refused",
                "EAGLEGEN_ENDPOINTS": echo_endpoint}  # fmt: skip
     flower_url = start_flower(procs, stack.env)  # starts while the rest starts

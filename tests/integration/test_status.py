@@ -13,10 +13,11 @@ def test_status_counts_match_a_run_with_known_retries_failures_and_tokens(stack:
     rows = [{"prompt": f"question number {i}"} for i in range(5)] + [{"prompt": "long " * 300}]
     source = tmp_path / "p.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    stack.worker(concurrency=3)
+    worker = stack.worker(concurrency=3)
     stack.collector()
     stack.enqueue(source, "--max-tokens", "64")
     stack.wait_complete()
+    stack.procs.stop(worker)  # its last second of turn statistics is written as it stops
     records = stack.lines()
     tokens = sum(r["generation"]["usage"]["completion_tokens"] for r in records)
 

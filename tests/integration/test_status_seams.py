@@ -60,10 +60,11 @@ def test_a_finished_runs_rates_are_frozen_and_p95_is_labelled_an_upper_bound(
     stack: Stack, tmp_path
 ):
     stack.simulator()
-    stack.worker(concurrency=4)
+    worker = stack.worker(concurrency=4)
     stack.collector()
     stack.enqueue(_prompts(tmp_path, 6))
     stack.wait_complete()
+    stack.procs.stop(worker)  # its last second of rates is written as it stops
     first = _status(stack)
     time.sleep(1.5)
     second = _status(stack)
@@ -90,3 +91,35 @@ def test_eta_counts_a_dead_workers_leases_and_redeliveries_are_counted(stack: St
     stack.wait_complete(timeout=90)
     status = _status(stack)
     assert status["redeliveries"] == 2 and status["retries"] == 0
+
+
+def test_a_killed_worker_leaves_exact_counts_behind(stack: Stack, tmp_path):
+    stack.simulator()
+    worker = stack.worker(concurrency=4)
+    stack.collector()
+    stack.enqueue(_prompts(tmp_path, 20))
+    wait_for(lambda: stack.store.counts().done == 20, 60, "every sample stored")
+    worker.send_signal(signal.SIGKILL)  # no last flush of its turn statistics
+    worker.wait()
+    stack.wait_complete()
+    tokens = sum(r["generation"]["usage"]["completion_tokens"] for r in stack.lines())
+    status = _status(stack)
+    # Written with each sample's own transition, so exact whenever the worker died.
+    assert (status["done"], status["failed"], status["written"]) == (20, 0, 20)
+    assert status["completion_tokens"] == tokens and status["complete"] and status["eta_s"] == 0
+    assert status["turns"] <= 20  # rates and distributions: at most its last second is lost
+
+
+def test_a_running_workers_statistics_reach_status_within_seconds(stack: Stack, tmp_path):
+    stack.simulator()
+    stack.worker(concurrency=4)
+    stack.collector()
+    stack.enqueue(_prompts(tmp_path, 8))
+    stack.wait_complete()
+    seen: dict = {}
+
+    def all_turns_counted() -> bool:
+        seen.update(_status(stack))
+        return seen["turns"] == 8 and seen["samples_per_s_last_minute"] > 0
+
+    wait_for(all_turns_counted, 10, lambda: f"the worker's statistics to be written: {seen}")

@@ -8,7 +8,8 @@ import pytest
 
 from common.errors import CollectorFenced
 from common.models import Failure, Sample, SourceRef
-from common.store import RunStore
+from common.store import RunStore, Taken
+from tests.fakes import turn
 
 
 @pytest.fixture
@@ -44,6 +45,22 @@ def test_an_expired_lease_can_be_taken_over_and_the_old_holder_learns_it(store):
     assert store.renew([("s1", "new")], 30) == []
 
 
+def test_taking_a_sample_reads_its_prompt_attempts_and_answered_turns(store):
+    store.accept([_sample(1)])
+    first = store.take("s1", "a", 30)
+    assert (first.outcome, first.attempts, first.partial) == ("ok", 1, [])
+    assert first.sample == _sample(1)
+    store.save_partial("s1", [turn("one")])
+    store.release("s1", "a")
+    again = store.take("s1", "b", 30, retries=1)
+    assert again.attempts == 2 and [t.content for t in again.partial] == ["one"]
+    assert store.take("s1", "c", 30) == Taken("leased")
+    assert store.store_result("s1", "{}", 3, "b") == "stored"
+    # The prompt, the attempt count and the answered turns leave with the sample.
+    assert store.r.hlen(store.keys.prompts) == 0 and store.leased_ids() == set()
+    assert store.take("s1", "c", 30) == Taken("done")
+
+
 def test_a_result_is_stored_once_and_ends_the_lease(store):
     store.accept([_sample(1)])
     store.acquire("s1", "a", 30)
@@ -77,15 +94,27 @@ def test_only_the_collector_lock_holder_can_take_or_commit(store):
     assert store.take_ready(old.token, 1) == ["s1"]
     time.sleep(0.3)  # the old holder is paused past its lock ...
     assert new.hold()  # ... and a successor takes the run over
-    assert store.take_ready(new.token, 5) == ["s2"]
+    assert store.take_ready(new.token, 5) == ["s1"]  # what the old holder left comes first
     with pytest.raises(CollectorFenced):
-        store.commit_collected(old.token, ["s1", "s2"])
+        store.commit_collected(old.token, ["s1"])
     with pytest.raises(CollectorFenced):
         store.take_ready(old.token, 5)
-    assert store.collecting() == ["s1", "s2"] and store.counts().written == 0
+    assert store.collecting() == ["s1"] and store.counts().written == 0
     assert not old.hold()
-    assert store.commit_collected(new.token, ["s2"]) == 1
-    assert store.collecting() == ["s1"]  # the successor's commit leaves the rest of the list
+    assert store.commit_collected(new.token, ["s1"]) == 1
+    assert store.take_ready(new.token, 5) == ["s2"]
+
+
+def test_a_commit_removes_only_the_ids_it_names(store):
+    store.accept([_sample(i) for i in (1, 2, 3)])
+    for i in (1, 2, 3):
+        store.store_result(f"s{i}", "{}", 1)
+    lock = store.collector_lock(10)
+    assert lock.hold() and store.take_ready(lock.token, 5) == ["s1", "s2", "s3"]
+    assert store.commit_collected(lock.token, ["s2"]) == 1  # not the head of the list
+    assert store.collecting() == ["s1", "s3"]
+    assert store.commit_collected(lock.token, ["s1", "s3"]) == 2
+    assert store.collecting() == [] and store.counts().written == 3
 
 
 def test_failed_samples_go_back_to_pending_on_request(store):
