@@ -7,19 +7,23 @@ has more requests in flight than its cap; a holder that dies stops renewing and 
 frees itself after ``slot_ttl``.
 
 A thread waiting for a slot holds nothing: it is not in any set until the script admits it.
-It sleeps on a condition woken by our own releases at once and by other processes' releases
-through a pub/sub message, with a slow poll as the safety net.
+It sleeps until woken by our own releases at once and by other processes' releases through a
+pub/sub message naming the endpoint, with a slow poll as the safety net. A thread waiting for
+one endpoint in particular (``worker/routing.py``: a later turn for its previous server) is
+woken by that endpoint's releases before any other waiter.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
 import socket
 import threading
 import time
-from collections.abc import Collection
+from collections import Counter, deque
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +31,10 @@ import redis
 
 from common import errors, lua
 from common.keys import EndpointKeys
+from worker.routing import LOAD_FLOOR
 
 log = logging.getLogger("eaglegen.capacity")
+FREED = "1:"  # a release message: FREED + the endpoint (a bare "1" from older workers)
 
 
 class CapacityUnavailable(errors.TransientError):
@@ -43,6 +49,14 @@ class Slot:
 
     endpoint: str
     token: str
+
+
+@dataclass(frozen=True)
+class Routed:
+    """What a routed try got: a slot's endpoint, or none (and the first choice, to wait for)."""
+
+    endpoint: str | None
+    waiting_for: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,7 @@ class SlotTable:
         self.channel = self.keys.freed
         self.drained_key = self.keys.drained
         self._acquire = client.register_script(lua.SLOT_ACQUIRE)
+        self._route = client.register_script(lua.SLOT_ROUTE)
         self._release = client.register_script(lua.SLOT_RELEASE)
         self._renew = client.register_script(lua.SLOT_RENEW)
         self._restore = client.register_script(lua.SLOT_RESTORE)
@@ -94,9 +109,28 @@ class SlotTable:
         index = int(self._acquire(keys=keys, args=args))
         return urls[index - 1] if index else None
 
+    def try_route(
+        self, token: str, ranking: Sequence[str], eligible: Collection[str], load_bound: float,
+        wait: bool, floor: float = LOAD_FLOOR,
+    ) -> Routed:  # fmt: skip
+        """A slot by the routing policy (``worker/routing.py``) over ``ranking``, in one script.
+
+        ``wait``: return ``waiting_for`` rather than fall back when the first choice is full.
+        """
+        keys = [self.drained_key]
+        args: list[str | int | float] = [token, self.ttl_ms, load_bound, int(wait), floor]
+        for url in ranking:
+            keys += [self.slots_key(url), self.cap_key(url)]
+            args += [url, self.caps[url], int(url in eligible)]
+        index = int(self._route(keys=keys, args=args))
+        if index < 0:
+            return Routed(None, waiting_for=ranking[0])
+        return Routed(ranking[index - 1] if index else None)
+
     def release(self, slot: Slot) -> None:
-        """Give a slot back and wake waiters everywhere."""
-        self._release(keys=[self.slots_key(slot.endpoint)], args=[slot.token, self.channel])
+        """Give a slot back and wake waiters everywhere (those for its endpoint first)."""
+        args = [slot.token, self.channel, FREED + slot.endpoint]
+        self._release(keys=[self.slots_key(slot.endpoint)], args=args)
 
     def renew(self, slots: Collection[Slot]) -> list[Slot]:
         """Extend the leases still in Redis; returns the slots that were not there."""
@@ -164,34 +198,61 @@ def _by_endpoint(slots: Collection[Slot]) -> dict[str, list[str]]:
 
 
 class FreeSignal:
-    """Wakes threads waiting for a slot when one may have freed up."""
+    """Wakes threads waiting for a slot when one may have freed up.
+
+    Each waiter sleeps on an event of its own, queued under the endpoint it waits for (None:
+    any). A release on an endpoint wakes one waiter for that endpoint if there is one, else one
+    waiter for any; a woken waiter that finds nothing just waits again.
+    """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._generation = 0
+        self._lock = threading.Lock()
+        self._queues: dict[str | None, deque[threading.Event]] = {}
+        self._freed: Counter[str | None] = Counter()  # releases, per endpoint and in all (None)
+        self._broadcasts = 0
 
-    def generation(self) -> int:
-        """A number that changes on every notification (read it before trying for a slot)."""
-        with self._cond:
-            return self._generation
+    def generation(self, endpoint: str | None = None) -> int:
+        """A number that changes on every notification a waiter for ``endpoint`` would get
+        (read it before trying for a slot)."""
+        with self._lock:
+            return self._freed[endpoint] + self._broadcasts
 
-    def wait(self, seen: int, timeout: float) -> None:
-        """Sleep unless a notification came since ``seen`` was read."""
-        with self._cond:
-            if self._generation == seen:
-                self._cond.wait(timeout)
+    def wait(self, seen: int, timeout: float, endpoint: str | None = None) -> None:
+        """Sleep unless a notification for ``endpoint`` came since ``seen`` was read."""
+        with self._lock:
+            if self._freed[endpoint] + self._broadcasts != seen:
+                return
+            event = threading.Event()
+            queue = self._queues.setdefault(endpoint, deque())
+            queue.append(event)
+        if not event.wait(timeout):
+            with self._lock, contextlib.suppress(ValueError):  # woken as it timed out
+                queue.remove(event)
 
-    def notify(self, waiters: int = 1) -> None:
-        """Wake some waiters (they try again; a loser just waits again)."""
-        with self._cond:
-            self._generation += 1
-            self._cond.notify(waiters)
+    def notify(self, waiters: int = 1, endpoint: str | None = None) -> None:
+        """Wake some waiters: for ``endpoint`` first, then for any (they try again; a loser
+        just waits again)."""
+        with self._lock:
+            self._freed[None] += 1
+            if endpoint is not None:
+                self._freed[endpoint] += 1
+                waiters = self._wake(endpoint, waiters)
+            self._wake(None, waiters)
 
     def notify_all(self) -> None:
         """Wake every waiter (an endpoint came back, a cap went up)."""
-        with self._cond:
-            self._generation += 1
-            self._cond.notify_all()
+        with self._lock:
+            self._broadcasts += 1
+            for queue in self._queues.values():
+                while queue:
+                    queue.popleft().set()
+
+    def _wake(self, key: str | None, waiters: int) -> int:
+        queue = self._queues.get(key)
+        while queue and waiters > 0:
+            queue.popleft().set()
+            waiters -= 1
+        return waiters
 
     def listen(self, client: redis.Redis, channel: str, stop: threading.Event) -> None:
         """Relay other processes' releases until ``stop``; reconnects after Redis errors."""
@@ -210,8 +271,11 @@ class FreeSignal:
                 message = pubsub.get_message(timeout=0.5)
                 if message is None:
                     continue
-                if message.get("data") == "1":
+                data = str(message.get("data"))
+                if data == "1":
                     self.notify()
+                elif data.startswith(FREED):
+                    self.notify(endpoint=data.removeprefix(FREED))
                 else:
                     self.notify_all()
         finally:
