@@ -221,9 +221,9 @@ return best
 #       per endpoint: url, configured cap, eligible 0/1
 # The policy of worker/routing.py (``choose`` there is its reference): the first eligible
 # endpoint whose load stays within bound x its share of the cluster's (by caps; the mean
-# counted as at least the floor, a share of capacity) takes the
-# request if it has a free slot; if it is full and it is the first choice and the caller may
-# wait, returns -1; otherwise the endpoint with the most free slots. Returns the 1-based index
+# counted as at least the floor, a share of capacity) takes the request if it has a free slot;
+# else the endpoint with the most free slots; with none free anywhere, returns -1 if that
+# first endpoint is the first choice and the caller may wait for it. Returns the 1-based index
 # of the endpoint that gave a slot, 0 when none is free, -1 to wait for the first choice.
 SLOT_ROUTE = (
     NOW_MS

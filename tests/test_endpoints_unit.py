@@ -182,7 +182,7 @@ def test_a_slot_freed_on_the_previous_server_goes_to_the_turn_waiting_for_it():
         target=lambda: got.append(pool.borrow(hint=_later_turn_of(A)).__enter__())
     )
     waiter.start()
-    wait_for(lambda: len(pool.signal._queues.get(A, ())) == 1, 5, "the turn to wait for A")
+    wait_for(lambda: len(pool.signal._lines.get(A, ())) == 1, 5, "the turn to wait for A")
     assert table.taken[B] == set()  # B stayed free: the turn waits for its own server
     started = time.monotonic()
     holder.__exit__(None, None, None)
@@ -205,21 +205,25 @@ def test_least_loaded_routing_ignores_the_hint():
         assert client is pool.clients[B]
 
 
-def test_a_release_wakes_a_waiter_for_its_endpoint_before_one_for_any():
+def test_a_release_wakes_the_first_come_of_those_who_can_use_its_slot():
     signal = FreeSignal()
     woke: list[str] = []
 
-    def wait(endpoint):
-        signal.wait(signal.generation(endpoint), 10, endpoint)
+    def wait(endpoint, ticket):
+        signal.wait(signal.generation(), 10, endpoint, ticket)
         woke.append(endpoint or "any")
 
-    threads = [threading.Thread(target=wait, args=(e,)) for e in (A, None)]
+    # B's waiter came first, then one for any endpoint, then A's.
+    threads = [threading.Thread(target=wait, args=args) for args in ((B, 1), (None, 2), (A, 3))]
     for thread in threads:
         thread.start()
-    wait_for(lambda: all(signal._queues.get(e) for e in (A, None)), 5, "both to wait")
+    wait_for(lambda: all(signal._lines.get(e) for e in (A, B, None)), 5, "all three to wait")
+    signal.notify(endpoint=A)  # B's waiter cannot use it: the one for any came before A's
+    wait_for(lambda: woke == ["any"], 5, "the waiter for any endpoint")
     signal.notify(endpoint=A)
-    threads[0].join(5)
-    assert woke == [A]
-    signal.notify(endpoint=B)  # nobody waits for B: a waiter for any endpoint is woken
-    threads[1].join(5)
-    assert woke == [A, "any"]
+    wait_for(lambda: woke == ["any", A], 5, "A's waiter")
+    assert not signal._lines.get(A) and signal._lines.get(B)  # B's still waits
+    signal.notify(endpoint=B)
+    for thread in threads:
+        thread.join(5)
+    assert woke == ["any", A, B]

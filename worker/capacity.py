@@ -15,14 +15,15 @@ woken by that endpoint's releases before any other waiter.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import json
 import logging
 import random
 import socket
 import threading
 import time
-from collections import Counter, deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -200,59 +201,69 @@ def _by_endpoint(slots: Collection[Slot]) -> dict[str, list[str]]:
 class FreeSignal:
     """Wakes threads waiting for a slot when one may have freed up.
 
-    Each waiter sleeps on an event of its own, queued under the endpoint it waits for (None:
-    any). A release on an endpoint wakes one waiter for that endpoint if there is one, else one
-    waiter for any; a woken waiter that finds nothing just waits again.
+    Each waiter sleeps on an event of its own, in the line of the endpoint it waits for (None:
+    any), placed by the ticket it drew when it began waiting, so it keeps its place however
+    often it wakes and fails. A release on an endpoint wakes whoever came first of those who
+    can use it (its own waiters and those for any); when none waits, the first waiter for
+    another endpoint (a slot nobody waits for is better used elsewhere than left idle). A woken
+    waiter that finds nothing just waits again.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._queues: dict[str | None, deque[threading.Event]] = {}
-        self._freed: Counter[str | None] = Counter()  # releases, per endpoint and in all (None)
-        self._broadcasts = 0
+        self._lines: dict[str | None, list[tuple[int, int, threading.Event]]] = {}
+        self._generation = 0
+        self._tickets = itertools.count(1)
 
-    def generation(self, endpoint: str | None = None) -> int:
-        """A number that changes on every notification a waiter for ``endpoint`` would get
-        (read it before trying for a slot)."""
-        with self._lock:
-            return self._freed[endpoint] + self._broadcasts
+    def ticket(self) -> int:
+        """A waiter's place in line, kept across its retries (lower is served first)."""
+        return next(self._tickets)
 
-    def wait(self, seen: int, timeout: float, endpoint: str | None = None) -> None:
-        """Sleep unless a notification for ``endpoint`` came since ``seen`` was read."""
+    def generation(self) -> int:
+        """A number that changes on every notification (read it before trying for a slot)."""
         with self._lock:
-            if self._freed[endpoint] + self._broadcasts != seen:
+            return self._generation
+
+    def wait(self, seen: int, timeout: float, endpoint: str | None = None, ticket: int = 0) -> None:
+        """Sleep, as a waiter for ``endpoint`` (None: any), unless a notification came since
+        ``seen`` was read (a slot freed anywhere may now be one this waiter can take)."""
+        with self._lock:
+            if self._generation != seen:
                 return
-            event = threading.Event()
-            queue = self._queues.setdefault(endpoint, deque())
-            queue.append(event)
-        if not event.wait(timeout):
+            entry = (ticket, next(self._tickets), threading.Event())
+            line = self._lines.setdefault(endpoint, [])
+            bisect.insort(line, entry)
+        if not entry[2].wait(timeout):
             with self._lock, contextlib.suppress(ValueError):  # woken as it timed out
-                queue.remove(event)
+                line.remove(entry)
 
     def notify(self, waiters: int = 1, endpoint: str | None = None) -> None:
-        """Wake some waiters: for ``endpoint`` first, then for any (they try again; a loser
+        """Wake some waiters who can use a slot freed on ``endpoint`` (they try again; a loser
         just waits again)."""
         with self._lock:
-            self._freed[None] += 1
-            if endpoint is not None:
-                self._freed[endpoint] += 1
-                waiters = self._wake(endpoint, waiters)
-            self._wake(None, waiters)
+            self._generation += 1
+            for _ in range(waiters):
+                if not self._wake_first(endpoint):
+                    return
 
     def notify_all(self) -> None:
         """Wake every waiter (an endpoint came back, a cap went up)."""
         with self._lock:
-            self._broadcasts += 1
-            for queue in self._queues.values():
-                while queue:
-                    queue.popleft().set()
+            self._generation += 1
+            for line in self._lines.values():
+                for _, _, event in line:
+                    event.set()
+                line.clear()
 
-    def _wake(self, key: str | None, waiters: int) -> int:
-        queue = self._queues.get(key)
-        while queue and waiters > 0:
-            queue.popleft().set()
-            waiters -= 1
-        return waiters
+    def _wake_first(self, endpoint: str | None) -> bool:
+        keys = [endpoint, None] if endpoint is not None else [None]
+        heads = [(line[0], key) for key in keys if (line := self._lines.get(key))]
+        if not heads:
+            return False
+        (_, _, event), key = min(heads, key=lambda head: head[0][:2])
+        self._lines[key].pop(0)
+        event.set()
+        return True
 
     def listen(self, client: redis.Redis, channel: str, stop: threading.Event) -> None:
         """Relay other processes' releases until ``stop``; reconnects after Redis errors."""

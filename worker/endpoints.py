@@ -149,27 +149,33 @@ class EndpointPool:
         # A later turn may wait this long for its previous server, if that one is full.
         patience = time.monotonic() + (self.settings.affinity_wait if route and route.sticky else 0)
         pause = FIRST_PAUSE
+        ticket = self.signal.ticket()  # its place in line while it waits
         while True:
             patient = time.monotonic() < patience
             seen = self.signal.generation()
-            seen_first = self.signal.generation(route.ranking[0]) if route and patient else seen
             routed = self._try(token, route, patient)
             if routed.endpoint is not None:
+                _log_move(route, routed.endpoint, patient)
                 return self._hold(Slot(routed.endpoint, token))
-            if check is not None:
-                check()
-            if self._all_out():
-                # Every server is down (restarting, or wrongly configured): wait for a probe to
-                # bring one back rather than fail samples that only need it to come up.
-                deadline = time.monotonic() + self.settings.max_request_time
-            if time.monotonic() > deadline or self._stop.is_set():
-                raise CapacityUnavailable("no endpoint had a free slot within max_request_time")
-            if routed.waiting_for is not None:
-                timeout = max(min(pause, patience - time.monotonic()), 0.0)
-                self.signal.wait(seen_first, timeout, routed.waiting_for)
+            deadline = self._keep_waiting(check, deadline)
+            if routed.waiting_for is not None:  # woken by releases there, or at the end
+                timeout = max(patience - time.monotonic(), 0.0)
+                self.signal.wait(seen, timeout, routed.waiting_for, ticket)
             else:
-                self.signal.wait(seen, pause)
+                self.signal.wait(seen, pause, ticket=ticket)
             pause = min(pause * 2, MAX_PAUSE)
+
+    def _keep_waiting(self, check: Check | None, deadline: float) -> float:
+        """The deadline to wait for a slot until; raises to give up."""
+        if check is not None:
+            check()
+        if self._all_out():
+            # Every server is down (restarting, or wrongly configured): wait for a probe to
+            # bring one back rather than fail samples that only need it to come up.
+            deadline = time.monotonic() + self.settings.max_request_time
+        if time.monotonic() > deadline or self._stop.is_set():
+            raise CapacityUnavailable("no endpoint had a free slot within max_request_time")
+        return deadline
 
     def _all_out(self) -> bool:
         with self._lock:
@@ -352,6 +358,12 @@ class _MeteredClient(ChatClient):
             self._limiter.settle_tokens(reserved, used)
         except redis.RedisError as exc:  # losing one settlement is the lesser harm
             log.warning("tokens/min not settled: %s", exc)
+
+
+def _log_move(route: Route | None, endpoint: str, patient: bool) -> None:
+    if route and route.sticky and endpoint != route.ranking[0]:
+        why = "out or over its share of the load" if patient else "waited out"
+        log.debug("a later turn for %s went to %s (%s)", route.ranking[0], endpoint, why)
 
 
 def estimate_prompt_tokens(messages: Messages) -> int:

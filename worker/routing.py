@@ -9,9 +9,9 @@ rendezvous hashing), so that samples sharing a long system prompt meet on the sa
 This module is pure: it orders the endpoints. The slot is taken in Redis, atomically, by the
 ``SLOT_ROUTE`` script (``common/lua.py``), which walks that order as ``choose`` does here: the
 first eligible endpoint whose load stays within ``bound`` x its share of the cluster's load
-(so one popular prompt cannot pile onto one server) gets the request if it has a free slot;
-if that endpoint is the previous turn's and full, the request may wait for it; otherwise it
-goes to the endpoint with the most free slots.
+(so one popular prompt cannot pile onto one server) gets the request if it has a free slot,
+else the endpoint with the most free slots does: no slot stays idle while a request waits.
+With every slot taken, a later turn waits for its previous server (for a bounded time).
 """
 
 from __future__ import annotations

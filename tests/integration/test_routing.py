@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
 
 from cli.enqueue_cmd import run_enqueue
@@ -119,13 +120,18 @@ def test_later_turns_land_where_the_first_turn_ran_and_hit_its_cache(stack: Stac
     assert all(_stats(url)["prefix_cache_hits"] > 0 for url in urls)
 
 
-def test_least_loaded_routing_scatters_the_turns(stack: Stack, tmp_path):
-    _simulators(stack, 3)
-    stack.worker(concurrency=6, EAGLEGEN_ROUTING="least-loaded")
+@pytest.mark.parametrize("routing", ["cache", "least-loaded"])
+def test_on_full_servers_cache_routing_keeps_conversations_together_and_least_loaded_does_not(
+    stack: Stack, tmp_path, routing
+):
+    # Twice the threads of the slots: every freed slot has takers.
+    _simulators(stack, 2, "--time-per-token", "0.02")
+    stack.worker(concurrency=8, EAGLEGEN_ROUTING=routing, EAGLEGEN_MAX_INFLIGHT="2")
     stack.collector()
-    _enqueue(stack, _conversations(tmp_path, 30, turns=3))
+    _enqueue(stack, _conversations(tmp_path, 16, turns=3))
     stack.wait_complete()
-    assert sum(len(set(route)) > 1 for route in _turn_endpoints(stack)) > 5
+    scattered = sum(len(set(route)) > 1 for route in _turn_endpoints(stack))
+    assert scattered <= 2 if routing == "cache" else scattered >= 4
 
 
 def _one_slow_conversation(stack: Stack, tmp_path: Path, **worker_env: str) -> tuple[str, str]:
