@@ -15,7 +15,7 @@ import redis
 from cli.enqueue_cmd import run_enqueue
 from common.models import GenParams
 from common.settings import Settings
-from tests.harness import wait_for
+from tests.harness import free_port, wait_for
 from tests.stack import Stack
 from worker.capacity import Slot, SlotTable
 from worker.routing import Choice, Load, choose
@@ -190,3 +190,28 @@ def test_caps_hold_under_cache_routing_with_two_workers(stack: Stack, tmp_path):
     assert sum(_stats(url)["completed"] for url in urls) == 72
     sticky = sum(len(set(route)) == 1 for route in _turn_endpoints(stack))
     assert sticky >= 24 * 0.75  # full servers: some turns waited, a few went elsewhere
+
+
+def test_status_and_prometheus_show_each_servers_cache_hit_rate(stack: Stack, tmp_path):
+    urls = _simulators(stack, 2)
+    port = free_port()
+    stack.worker(concurrency=4, EAGLEGEN_METRICS_PORT=str(port))
+    stack.collector()
+    _enqueue(stack, _conversations(tmp_path, 8, turns=3))
+    stack.wait_complete()
+    expected = {f"{url}/v1": _stats(url) for url in urls}
+    done = stack.procs.run(["status", "--json"], stack.env)
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)["endpoints"]
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    for endpoint, stats in expected.items():
+        rate = stats["prefix_cache_hits"] / stats["prefix_cache_queries"]
+        assert 0 < rate < 1
+        assert status[endpoint]["prefix_cache"] == {
+            "queries": stats["prefix_cache_queries"], "hits": stats["prefix_cache_hits"],
+            "hit_rate": round(rate, 4),
+        }  # fmt: skip
+        line = f'eaglegen_endpoint_prefix_cache_hit_rate{{endpoint="{endpoint}"}} {rate}'
+        assert line in metrics
+    view = stack.procs.run(["status"], {**stack.env, "COLUMNS": "200"}).stdout
+    assert "cache hits" in view and f"{rate:.1%}" in view
