@@ -182,7 +182,9 @@ class SlotTable:
 
     def drain(self, endpoint: str) -> bool:
         """Stop sending new requests to an endpoint (running ones finish)."""
-        return bool(self.r.sadd(self.drained_key, endpoint))
+        drained = bool(self.r.sadd(self.drained_key, endpoint))
+        self.r.publish(self.channel, "drain")  # requests waiting for it go elsewhere now
+        return drained
 
     def undrain(self, endpoint: str) -> bool:
         """Send requests to a drained endpoint again."""

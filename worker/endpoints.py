@@ -238,6 +238,7 @@ class EndpointPool:
             log.warning("endpoint %s taken out after %d failures in a row: %s",
                         endpoint, health.failures, exc)  # fmt: skip
             self._report(endpoint, exc)
+            self.signal.notify_all()  # requests waiting for it go elsewhere now
 
     def check_all(self) -> None:
         """At start: ask every endpoint for its models; say which cannot be reached, and why."""

@@ -178,6 +178,23 @@ def test_a_drained_previous_server_is_not_waited_for(stack: Stack, tmp_path):
     assert _turn_endpoints(stack) == [[first, other]]
 
 
+def test_a_turn_waiting_for_its_server_leaves_as_soon_as_that_server_is_drained(
+    stack: Stack, tmp_path
+):
+    first, other = _one_slow_conversation(stack, tmp_path, EAGLEGEN_AFFINITY_WAIT="60")
+    table = _table(stack)
+    table.restore([Slot(first, "squatter-1"), Slot(first, "squatter-2")])
+    table.try_acquire("busy", [other])
+    wait_for(lambda: _inflight(stack)[first] == 2, 30, "the first turn to end")
+    assert stack.store.counts().in_flight == 1  # its second turn waits for the full server
+    drained = time.monotonic()
+    table.drain(first)
+    wait_for(lambda: _inflight(stack)[other] == 2, 30, "the second turn to start elsewhere")
+    assert time.monotonic() - drained < 5  # not the minute it would wait for a full one
+    stack.wait_complete(timeout=60)
+    assert _turn_endpoints(stack) == [[first, other]]
+
+
 def test_caps_hold_under_cache_routing_with_two_workers(stack: Stack, tmp_path):
     urls = _simulators(stack, 3, "--time-per-token", "0.02")
     stack.env["EAGLEGEN_MAX_INFLIGHT"] = "2"
