@@ -208,11 +208,13 @@ def exporter(
     from prometheus_client import CollectorRegistry
 
     from common.metrics import RunCollector, serve
+    from worker.server_cache import PrefixCacheCollector
 
     settings = load_settings()
     store = open_store(settings)
     registry = CollectorRegistry()
     registry.register(RunCollector(store.r, settings))
+    registry.register(PrefixCacheCollector(settings.endpoints))
     serve(registry, port, host)
     console.print(f"exporter: http://{host}:{port}/metrics")
     stop_on_signals().wait()

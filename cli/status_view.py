@@ -80,6 +80,7 @@ def _endpoints(
         entry["state"] = state.get("state", "-")
         entry["problem"] = state.get("message") or None
         entry["state_at"] = state.get("at")
+    _add_prefix_caches(out, settings)
     for url, figures in stats.items():
         entry = out.setdefault(url, {})
         requests, errors = figures.get("requests", 0.0), figures.get("errors", 0.0)
@@ -89,6 +90,15 @@ def _endpoints(
             mean_latency_s=round(figures.get("latency_sum", 0) / requests, 3) if requests else None,
         )  # fmt: skip
     return out
+
+
+def _add_prefix_caches(out: dict[str, dict[str, Any]], settings: Settings) -> None:
+    """Each server's prefix-cache figures, from its own /metrics (not asked if it is down)."""
+    from worker.server_cache import read_prefix_caches
+
+    asked = [url for url in settings.endpoints if out.get(url, {}).get("state") != "down"]
+    for url, counters in read_prefix_caches(asked).items():
+        out.setdefault(url, {})["prefix_cache"] = counters.as_dict() if counters else None
 
 
 def render(data: dict[str, Any]) -> Group:
@@ -142,13 +152,18 @@ def _errors_table(d: dict[str, Any]) -> Table:
 
 def _endpoint_table(d: dict[str, Any]) -> Table:
     t = Table("endpoint", "state", "in flight", "cap", "requests", "tokens", "error rate",
-              "mean s", box=None, header_style="bold")  # fmt: skip
+              "mean s", "cache hits", box=None, header_style="bold")  # fmt: skip
     for url, e in sorted(d["endpoints"].items()):
         cap = str(e.get("cap", "-")) + (" (drained)" if e.get("drained") else "")
         t.add_row(url, _state(e), str(e.get("in_flight", "-")), cap, str(e.get("requests", 0)),
                   str(e.get("tokens", 0)), _num(e.get("error_rate")),
-                  _num(e.get("mean_latency_s")))  # fmt: skip
+                  _num(e.get("mean_latency_s")), _hit_rate(e))  # fmt: skip
     return t
+
+
+def _hit_rate(e: dict[str, Any]) -> str:
+    rate = (e.get("prefix_cache") or {}).get("hit_rate")
+    return "-" if rate is None else f"{rate:.1%}"
 
 
 def _state(e: dict[str, Any]) -> str:

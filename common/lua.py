@@ -260,10 +260,54 @@ return best
 """
 )
 
-# KEYS: slots   ARGV: token, channel   (the message wakes waiters in every process)
+# KEYS: drained set, then per endpoint in order of preference its slots zset and its cap string
+# ARGV: token, ttl_ms, load bound, wait (1: may wait for the first choice), load floor, then
+#       per endpoint: url, configured cap, eligible 0/1
+# The policy of worker/routing.py (``choose`` there is its reference): the first eligible
+# endpoint whose load stays within bound x its share of the cluster's (by caps; the mean
+# counted as at least the floor, a share of capacity) takes the request if it has a free slot;
+# else the endpoint with the most free slots; with none free anywhere, returns -1 if that
+# first endpoint is the first choice and the caller may wait for it. Returns the 1-based index
+# of the endpoint that gave a slot, 0 when none is free, -1 to wait for the first choice.
+SLOT_ROUTE = (
+    NOW_MS
+    + """
+local n = (#KEYS - 1) / 2
+local load, cap, ok = {}, {}, {}
+local total, capacity = 0, 0
+for i = 1, n do
+  local slots = KEYS[2 * i]
+  redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
+  load[i] = redis.call('ZCARD', slots)
+  cap[i] = tonumber(redis.call('GET', KEYS[2 * i + 1]) or ARGV[3 * i + 4])
+  ok[i] = ARGV[3 * i + 5] == '1' and redis.call('SISMEMBER', KEYS[1], ARGV[3 * i + 3]) == 0
+  if ok[i] then total, capacity = total + load[i], capacity + cap[i] end
+end
+if capacity == 0 then return 0 end
+local share = tonumber(ARGV[3]) * math.max((total + 1) / capacity, tonumber(ARGV[5]))
+local pick, best, best_free = 0, 0, 0
+for i = 1, n do
+  if ok[i] then
+    if pick == 0 and load[i] + 1 <= math.ceil(share * cap[i]) then pick = i end
+    if cap[i] - load[i] > best_free then best, best_free = i, cap[i] - load[i] end
+  end
+end
+if pick > 0 and load[pick] < cap[pick] then
+  best = pick
+elseif pick == 1 and ARGV[4] == '1' then
+  return -1
+end
+if best == 0 then return 0 end
+redis.call('ZADD', KEYS[2 * best], now + tonumber(ARGV[2]), ARGV[1])
+return best
+"""
+)
+
+# KEYS: slots   ARGV: token, channel, message (default '1'; the endpoint's name, so that a
+# waiter for that endpoint in particular is woken first)   (wakes waiters in every process)
 SLOT_RELEASE = """
 local n = redis.call('ZREM', KEYS[1], ARGV[1])
-if n == 1 then redis.call('PUBLISH', ARGV[2], '1') end
+if n == 1 then redis.call('PUBLISH', ARGV[2], ARGV[3] or '1') end
 return n
 """
 

@@ -82,6 +82,15 @@ class Settings(BaseSettings):
     adaptive_interval: float = Field(default=2.0, gt=0)
     adaptive_max_inflight: int = Field(default=1024, ge=1)
     adaptive_headroom: float = Field(default=0.1, ge=0, le=1)  # waiting allowed / running
+    # Routing (worker/routing.py): "cache" sends a conversation's later turns (and resumed
+    # samples) back to the server holding their prefix, first turns by a hash of their
+    # leading prefix; "least-loaded" takes the endpoint with the most free slots.
+    routing: Literal["cache", "least-loaded"] = "cache"
+    # Seconds a later turn waits for its previous server when that one is full, before it
+    # goes to the least loaded (a drained or failing server is never waited for).
+    affinity_wait: float = Field(default=2.0, ge=0)
+    # A preferred endpoint is taken while its load stays within this x the mean (by caps).
+    affinity_load_bound: float = Field(default=1.25, ge=1.0)
     rpm: int | None = Field(default=None, ge=1)  # requests per minute, cluster-wide
     tpm: int | None = Field(default=None, ge=1)  # prompt + completion tokens per minute
 

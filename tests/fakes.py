@@ -181,9 +181,11 @@ class FakeClient:
 class FakeEndpoints:
     def __init__(self, client: FakeClient) -> None:
         self.client = client
+        self.hints: list[Any] = []  # the routing hint of each request
 
     @contextlib.contextmanager
-    def borrow(self, check: Any = None) -> Iterator[FakeClient]:
+    def borrow(self, check: Any = None, hint: Any = None) -> Iterator[FakeClient]:
+        self.hints.append(hint)
         yield self.client
 
 

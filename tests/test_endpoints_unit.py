@@ -4,14 +4,17 @@ The slot table (Redis) is replaced by an in-memory one with the same contract.
 """
 
 import threading
+import time
 
 import pytest
 
 from common import errors
 from common.settings import Settings
 from tests.fakes import FakeClient, turn
-from worker.capacity import CapacityUnavailable
+from tests.harness import wait_for
+from worker.capacity import CapacityUnavailable, FreeSignal, Routed
 from worker.endpoints import EndpointPool
+from worker.routing import Load, RouteHint, choose
 
 A, B = "http://a/v1", "http://b/v1"
 
@@ -32,6 +35,15 @@ class FakeTable:
         self.taken[best].add(token)
         return best
 
+    def try_route(self, token, ranking, eligible, load_bound, wait):
+        loads = {u: Load(len(self.taken[u]), self.caps[u], u in eligible) for u in ranking}
+        choice = choose(ranking, loads, load_bound, wait)
+        if choice.wait:
+            return Routed(None, waiting_for=ranking[0])
+        if choice.endpoint is not None:
+            self.taken[choice.endpoint].add(token)
+        return Routed(choice.endpoint)
+
     def release(self, slot):
         self.taken[slot.endpoint].discard(slot.token)
 
@@ -47,10 +59,11 @@ class FakeTable:
         self.reported[endpoint] = (state, message)
 
 
-def _pool(caps, max_request_time=5.0, failures=2):
+def _pool(caps, max_request_time=5.0, failures=2, **routing):
     settings = Settings(
-        endpoints=list(caps), max_request_time=max_request_time, endpoint_failures=failures
-    )
+        endpoints=list(caps), max_request_time=max_request_time, endpoint_failures=failures,
+        **routing,
+    )  # fmt: skip
     table = FakeTable(caps)
     clients = {url: FakeClient(*[turn()] * 10) for url in caps}
     return EndpointPool(settings, None, table, clients), table
@@ -130,3 +143,87 @@ def test_the_start_up_check_takes_out_an_unreachable_endpoint_but_not_one_that_r
     pool.check_all()
     assert pool.health[A].out and table.reported[A] == ("down", "cannot connect")
     assert not pool.health[B].out and table.reported[B] == ("refusing", "HTTP 401")
+
+
+# -- routing by prefix cache ---------------------------------------------------------------
+
+
+def _later_turn_of(endpoint):
+    return RouteHint("some prompt", previous=endpoint)
+
+
+def test_a_later_turn_goes_back_to_its_previous_server_while_its_load_allows():
+    pool, _ = _pool({A: 4, B: 4})
+    with pool.borrow() as first:  # least loaded: A and B tie
+        other = B if first is pool.clients[A] else A
+        with pool.borrow(hint=_later_turn_of(other)) as client:
+            assert client is pool.clients[other]
+        mine = A if other == B else B
+        with pool.borrow(hint=_later_turn_of(mine)) as client:
+            assert client is pool.clients[mine]  # one ahead of the other: within 1.25 x
+
+
+def test_a_full_previous_server_is_waited_for_then_left_for_the_least_loaded():
+    pool, _ = _pool({A: 1, B: 1}, affinity_wait=0.3)
+    with pool.borrow(hint=_later_turn_of(A)):
+        started = time.monotonic()
+        with pool.borrow(hint=_later_turn_of(A)) as client:
+            waited = time.monotonic() - started
+            assert client is pool.clients[B]
+    assert 0.3 <= waited < 3
+
+
+def test_a_slot_freed_on_the_previous_server_goes_to_the_turn_waiting_for_it():
+    pool, table = _pool({A: 1, B: 1}, affinity_wait=10)
+    got: list[object] = []
+    holder = pool.borrow(hint=_later_turn_of(A))
+    holder.__enter__()
+    waiter = threading.Thread(
+        target=lambda: got.append(pool.borrow(hint=_later_turn_of(A)).__enter__())
+    )
+    waiter.start()
+    wait_for(lambda: len(pool.signal._lines.get(A, ())) == 1, 5, "the turn to wait for A")
+    assert table.taken[B] == set()  # B stayed free: the turn waits for its own server
+    started = time.monotonic()
+    holder.__exit__(None, None, None)
+    waiter.join(5)
+    assert got == [pool.clients[A]] and time.monotonic() - started < 2
+
+
+def test_a_failing_previous_server_is_not_waited_for():
+    pool, _ = _pool({A: 1, B: 1}, failures=1, affinity_wait=10)
+    with pytest.raises(errors.ConnectError), pool.borrow(hint=_later_turn_of(A)):
+        raise errors.ConnectError("refused")
+    started = time.monotonic()
+    with pool.borrow(hint=_later_turn_of(A)) as client:
+        assert client is pool.clients[B] and time.monotonic() - started < 1
+
+
+def test_least_loaded_routing_ignores_the_hint():
+    pool, _ = _pool({A: 1, B: 3}, routing="least-loaded")
+    with pool.borrow(hint=_later_turn_of(A)) as client:
+        assert client is pool.clients[B]
+
+
+def test_a_release_wakes_the_first_come_of_those_who_can_use_its_slot():
+    signal = FreeSignal()
+    woke: list[str] = []
+
+    def wait(endpoint, ticket):
+        signal.wait(signal.generation(), 10, endpoint, ticket)
+        woke.append(endpoint or "any")
+
+    # B's waiter came first, then one for any endpoint, then A's.
+    threads = [threading.Thread(target=wait, args=args) for args in ((B, 1), (None, 2), (A, 3))]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: all(signal._lines.get(e) for e in (A, B, None)), 5, "all three to wait")
+    signal.notify(endpoint=A)  # B's waiter cannot use it: the one for any came before A's
+    wait_for(lambda: woke == ["any"], 5, "the waiter for any endpoint")
+    signal.notify(endpoint=A)
+    wait_for(lambda: woke == ["any", A], 5, "A's waiter")
+    assert not signal._lines.get(A) and signal._lines.get(B)  # B's still waits
+    signal.notify(endpoint=B)
+    for thread in threads:
+        thread.join(5)
+    assert woke == ["any", A, B]

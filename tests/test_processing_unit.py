@@ -43,6 +43,21 @@ def test_a_retry_resumes_at_the_first_unanswered_turn():
     assert len(client.calls) == 3  # the first turn was not generated again
 
 
+def test_each_turn_is_routed_to_the_server_of_the_turn_before_even_after_a_retry():
+    store = FakeStore()
+    store.add(sample("a", ("q1", "q2", "q3")))
+    first, third = turn("one").model_copy(update={"endpoint": "http://x/v1"}), turn("three")
+    proc, _, _, _ = _processor(store, first, errors.ServerError("500"), turn("two"), third)
+    endpoints = proc.endpoints
+    with pytest.raises(errors.ServerError):
+        proc.process("r", "a")
+    assert proc.process("r", "a") == "done"
+    previous = [hint.previous for hint in endpoints.hints]
+    # turn 1 (fresh), turn 2 (failed), turn 2 again (resumed from the saved turn 1), turn 3
+    assert previous == [None, "http://x/v1", "http://x/v1", "http://e/v1"]
+    assert len({hint.key for hint in endpoints.hints}) == 1
+
+
 def test_a_sample_leased_by_another_worker_or_done_is_skipped_without_a_call():
     store = FakeStore()
     store.add(sample("a"))

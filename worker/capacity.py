@@ -7,19 +7,24 @@ has more requests in flight than its cap; a holder that dies stops renewing and 
 frees itself after ``slot_ttl``.
 
 A thread waiting for a slot holds nothing: it is not in any set until the script admits it.
-It sleeps on a condition woken by our own releases at once and by other processes' releases
-through a pub/sub message, with a slow poll as the safety net.
+It sleeps until woken by our own releases at once and by other processes' releases through a
+pub/sub message naming the endpoint, with a slow poll as the safety net. A thread waiting for
+one endpoint in particular (``worker/routing.py``: a later turn for its previous server) is
+woken by that endpoint's releases before any other waiter.
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import itertools
 import json
 import logging
 import random
 import socket
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +32,10 @@ import redis
 
 from common import errors, lua
 from common.keys import EndpointKeys
+from worker.routing import LOAD_FLOOR
 
 log = logging.getLogger("eaglegen.capacity")
+FREED = "1:"  # a release message: FREED + the endpoint (a bare "1" from older workers)
 
 
 class CapacityUnavailable(errors.TransientError):
@@ -43,6 +50,14 @@ class Slot:
 
     endpoint: str
     token: str
+
+
+@dataclass(frozen=True)
+class Routed:
+    """What a routed try got: a slot's endpoint, or none (and the first choice, to wait for)."""
+
+    endpoint: str | None
+    waiting_for: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +85,7 @@ class SlotTable:
         self.channel = self.keys.freed
         self.drained_key = self.keys.drained
         self._acquire = client.register_script(lua.SLOT_ACQUIRE)
+        self._route = client.register_script(lua.SLOT_ROUTE)
         self._release = client.register_script(lua.SLOT_RELEASE)
         self._renew = client.register_script(lua.SLOT_RENEW)
         self._restore = client.register_script(lua.SLOT_RESTORE)
@@ -94,9 +110,28 @@ class SlotTable:
         index = int(self._acquire(keys=keys, args=args))
         return urls[index - 1] if index else None
 
+    def try_route(
+        self, token: str, ranking: Sequence[str], eligible: Collection[str], load_bound: float,
+        wait: bool, floor: float = LOAD_FLOOR,
+    ) -> Routed:  # fmt: skip
+        """A slot by the routing policy (``worker/routing.py``) over ``ranking``, in one script.
+
+        ``wait``: return ``waiting_for`` rather than fall back when the first choice is full.
+        """
+        keys = [self.drained_key]
+        args: list[str | int | float] = [token, self.ttl_ms, load_bound, int(wait), floor]
+        for url in ranking:
+            keys += [self.slots_key(url), self.cap_key(url)]
+            args += [url, self.caps[url], int(url in eligible)]
+        index = int(self._route(keys=keys, args=args))
+        if index < 0:
+            return Routed(None, waiting_for=ranking[0])
+        return Routed(ranking[index - 1] if index else None)
+
     def release(self, slot: Slot) -> None:
-        """Give a slot back and wake waiters everywhere."""
-        self._release(keys=[self.slots_key(slot.endpoint)], args=[slot.token, self.channel])
+        """Give a slot back and wake waiters everywhere (those for its endpoint first)."""
+        args = [slot.token, self.channel, FREED + slot.endpoint]
+        self._release(keys=[self.slots_key(slot.endpoint)], args=args)
 
     def renew(self, slots: Collection[Slot]) -> list[Slot]:
         """Extend the leases still in Redis; returns the slots that were not there."""
@@ -147,7 +182,9 @@ class SlotTable:
 
     def drain(self, endpoint: str) -> bool:
         """Stop sending new requests to an endpoint (running ones finish)."""
-        return bool(self.r.sadd(self.drained_key, endpoint))
+        drained = bool(self.r.sadd(self.drained_key, endpoint))
+        self.r.publish(self.channel, "drain")  # requests waiting for it go elsewhere now
+        return drained
 
     def undrain(self, endpoint: str) -> bool:
         """Send requests to a drained endpoint again."""
@@ -164,34 +201,71 @@ def _by_endpoint(slots: Collection[Slot]) -> dict[str, list[str]]:
 
 
 class FreeSignal:
-    """Wakes threads waiting for a slot when one may have freed up."""
+    """Wakes threads waiting for a slot when one may have freed up.
+
+    Each waiter sleeps on an event of its own, in the line of the endpoint it waits for (None:
+    any), placed by the ticket it drew when it began waiting, so it keeps its place however
+    often it wakes and fails. A release on an endpoint wakes whoever came first of those who
+    can use it (its own waiters and those for any); when none waits, the first waiter for
+    another endpoint (a slot nobody waits for is better used elsewhere than left idle). A woken
+    waiter that finds nothing just waits again.
+    """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._lines: dict[str | None, list[tuple[int, int, threading.Event]]] = {}
         self._generation = 0
+        self._tickets = itertools.count(1)
+
+    def ticket(self) -> int:
+        """A waiter's place in line, kept across its retries (lower is served first)."""
+        return next(self._tickets)
 
     def generation(self) -> int:
         """A number that changes on every notification (read it before trying for a slot)."""
-        with self._cond:
+        with self._lock:
             return self._generation
 
-    def wait(self, seen: int, timeout: float) -> None:
-        """Sleep unless a notification came since ``seen`` was read."""
-        with self._cond:
-            if self._generation == seen:
-                self._cond.wait(timeout)
+    def wait(self, seen: int, timeout: float, endpoint: str | None = None, ticket: int = 0) -> None:
+        """Sleep, as a waiter for ``endpoint`` (None: any), unless a notification came since
+        ``seen`` was read (a slot freed anywhere may now be one this waiter can take)."""
+        with self._lock:
+            if self._generation != seen:
+                return
+            entry = (ticket, next(self._tickets), threading.Event())
+            line = self._lines.setdefault(endpoint, [])
+            bisect.insort(line, entry)
+        if not entry[2].wait(timeout):
+            with self._lock, contextlib.suppress(ValueError):  # woken as it timed out
+                line.remove(entry)
 
-    def notify(self, waiters: int = 1) -> None:
-        """Wake some waiters (they try again; a loser just waits again)."""
-        with self._cond:
+    def notify(self, waiters: int = 1, endpoint: str | None = None) -> None:
+        """Wake some waiters who can use a slot freed on ``endpoint`` (they try again; a loser
+        just waits again)."""
+        with self._lock:
             self._generation += 1
-            self._cond.notify(waiters)
+            for _ in range(waiters):
+                if not self._wake_first(endpoint):
+                    return
 
     def notify_all(self) -> None:
         """Wake every waiter (an endpoint came back, a cap went up)."""
-        with self._cond:
+        with self._lock:
             self._generation += 1
-            self._cond.notify_all()
+            for line in self._lines.values():
+                for _, _, event in line:
+                    event.set()
+                line.clear()
+
+    def _wake_first(self, endpoint: str | None) -> bool:
+        keys = [endpoint, None] if endpoint is not None else [None]
+        heads = [(line[0], key) for key in keys if (line := self._lines.get(key))]
+        if not heads:
+            return False
+        (_, _, event), key = min(heads, key=lambda head: head[0][:2])
+        self._lines[key].pop(0)
+        event.set()
+        return True
 
     def listen(self, client: redis.Redis, channel: str, stop: threading.Event) -> None:
         """Relay other processes' releases until ``stop``; reconnects after Redis errors."""
@@ -210,8 +284,11 @@ class FreeSignal:
                 message = pubsub.get_message(timeout=0.5)
                 if message is None:
                     continue
-                if message.get("data") == "1":
+                data = str(message.get("data"))
+                if data == "1":
                     self.notify()
+                elif data.startswith(FREED):
+                    self.notify(endpoint=data.removeprefix(FREED))
                 else:
                     self.notify_all()
         finally:

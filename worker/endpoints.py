@@ -1,7 +1,9 @@
 """Choosing an endpoint for each request, under cluster-wide caps.
 
-A request waits, holding nothing, for a slot on the endpoint with the most free capacity
-cluster-wide (``worker/capacity.py``), after the optional rate limits let it go. How it ends is
+A request waits, holding nothing, for a slot (``worker/capacity.py``): by default on the
+endpoint its routing hint prefers (``worker/routing.py``: its previous turn's server, or one
+drawn from its leading prefix) while that one's load is within bounds, else on the endpoint
+with the most free capacity cluster-wide; then the optional rate limits let it go. How it ends is
 reported back: an endpoint failing repeatedly is taken out for a cool-down, probed in the
 background and brought back. Drained endpoints (``eaglegen endpoints drain``) get no new
 requests; the ones they run finish.
@@ -26,10 +28,11 @@ from common.models import GenParams, TurnResult
 from common.redact import redact
 from common.settings import Settings
 from worker.adaptive import AdaptiveDriver
-from worker.capacity import CapacityUnavailable, FreeSignal, Slot, SlotTable
+from worker.capacity import CapacityUnavailable, FreeSignal, Routed, Slot, SlotTable
 from worker.client import ChatClient, Messages
 from worker.health import EndpointHealth, counts_against
 from worker.ratelimit import RateLimiter
+from worker.routing import Route, RouteHint, plan
 
 log = logging.getLogger("eaglegen.endpoints")
 
@@ -84,12 +87,16 @@ class EndpointPool:
             self._threads.append(self._start(self._adapt, "adaptive-caps"))
 
     @contextmanager
-    def borrow(self, check: Check | None = None) -> Iterator[ChatClient]:
-        """A slot on the endpoint with the most free capacity, and its client, for one request.
+    def borrow(
+        self, check: Check | None = None, hint: RouteHint | None = None
+    ) -> Iterator[ChatClient]:
+        """A slot on an endpoint, and its client, for one request.
 
         ``check`` runs while waiting and may raise to give up (the sample's lease was lost).
+        ``hint`` routes by prefix cache (``EAGLEGEN_ROUTING=cache``); without it, or with
+        ``least-loaded``, the endpoint with the most free capacity.
         """
-        slot = self._acquire(check)
+        slot = self._acquire(check, hint)
         try:
             yield self.clients[slot.endpoint]
         except BaseException as exc:
@@ -119,8 +126,8 @@ class EndpointPool:
             client.close()
 
     # -- taking and giving back slots ----------------------------------------------------
-    def _acquire(self, check: Check | None) -> Slot:
-        slot = self._slot(check)
+    def _acquire(self, check: Check | None, hint: RouteHint | None = None) -> Slot:
+        slot = self._slot(check, self._route(hint))
         if self.limiter is not None:
             # Paid once a slot is ours, not before: requests waiting for capacity must not
             # pre-pay the rate and then leave together in a burst when an endpoint frees up.
@@ -131,37 +138,59 @@ class EndpointPool:
                 raise
         return slot
 
-    def _slot(self, check: Check | None) -> Slot:
+    def _route(self, hint: RouteHint | None) -> Route | None:
+        if hint is None or self.settings.routing != "cache":
+            return None
+        return plan(hint, self.table.caps)
+
+    def _slot(self, check: Check | None, route: Route | None = None) -> Slot:
         token = f"{self.owner}:{uuid.uuid4().hex[:12]}"
         deadline = time.monotonic() + self.settings.max_request_time
+        # A later turn may wait this long for its previous server, if that one is full.
+        patience = time.monotonic() + (self.settings.affinity_wait if route and route.sticky else 0)
         pause = FIRST_PAUSE
+        ticket = self.signal.ticket()  # its place in line while it waits
         while True:
+            patient = time.monotonic() < patience
             seen = self.signal.generation()
-            endpoint = self._try(token)
-            if endpoint is not None:
-                return self._hold(Slot(endpoint, token))
-            if check is not None:
-                check()
-            if self._all_out():
-                # Every server is down (restarting, or wrongly configured): wait for a probe to
-                # bring one back rather than fail samples that only need it to come up.
-                deadline = time.monotonic() + self.settings.max_request_time
-            if time.monotonic() > deadline or self._stop.is_set():
-                raise CapacityUnavailable("no endpoint had a free slot within max_request_time")
-            self.signal.wait(seen, pause)
+            routed = self._try(token, route, patient)
+            if routed.endpoint is not None:
+                _log_move(route, routed.endpoint, patient)
+                return self._hold(Slot(routed.endpoint, token))
+            deadline = self._keep_waiting(check, deadline)
+            if routed.waiting_for is not None:  # woken by releases there, or at the end
+                timeout = max(patience - time.monotonic(), 0.0)
+                self.signal.wait(seen, timeout, routed.waiting_for, ticket)
+            else:
+                self.signal.wait(seen, pause, ticket=ticket)
             pause = min(pause * 2, MAX_PAUSE)
+
+    def _keep_waiting(self, check: Check | None, deadline: float) -> float:
+        """The deadline to wait for a slot until; raises to give up."""
+        if check is not None:
+            check()
+        if self._all_out():
+            # Every server is down (restarting, or wrongly configured): wait for a probe to
+            # bring one back rather than fail samples that only need it to come up.
+            deadline = time.monotonic() + self.settings.max_request_time
+        if time.monotonic() > deadline or self._stop.is_set():
+            raise CapacityUnavailable("no endpoint had a free slot within max_request_time")
+        return deadline
 
     def _all_out(self) -> bool:
         with self._lock:
             return all(health.out for health in self.health.values())
 
-    def _try(self, token: str) -> str | None:
+    def _try(self, token: str, route: Route | None, patient: bool) -> Routed:
         with self._lock:
             eligible = [url for url, health in self.health.items() if not health.out]
         if not eligible:
-            return None
+            return Routed(None)
         try:
-            return self.table.try_acquire(token, eligible)
+            if route is None:
+                return Routed(self.table.try_acquire(token, eligible))
+            bound = self.settings.affinity_load_bound
+            return self.table.try_route(token, route.ranking, eligible, bound, patient)
         except redis.RedisError as exc:
             raise CapacityUnavailable(f"cannot take an endpoint slot: {exc}") from exc
 
@@ -179,7 +208,7 @@ class EndpointPool:
             self.table.release(slot)
         except redis.RedisError as exc:
             log.warning("slot on %s not given back (%s); it expires by itself", slot.endpoint, exc)
-        self.signal.notify()
+        self.signal.notify(endpoint=slot.endpoint)
 
     def _release_after_abort(self, slot: Slot, exc: BaseException) -> None:
         # A stream we abandon keeps running on the server until it notices the closed
@@ -209,6 +238,7 @@ class EndpointPool:
             log.warning("endpoint %s taken out after %d failures in a row: %s",
                         endpoint, health.failures, exc)  # fmt: skip
             self._report(endpoint, exc)
+            self.signal.notify_all()  # requests waiting for it go elsewhere now
 
     def check_all(self) -> None:
         """At start: ask every endpoint for its models; say which cannot be reached, and why."""
@@ -329,6 +359,12 @@ class _MeteredClient(ChatClient):
             self._limiter.settle_tokens(reserved, used)
         except redis.RedisError as exc:  # losing one settlement is the lesser harm
             log.warning("tokens/min not settled: %s", exc)
+
+
+def _log_move(route: Route | None, endpoint: str, patient: bool) -> None:
+    if route and route.sticky and endpoint != route.ranking[0]:
+        why = "out or over its share of the load" if patient else "waited out"
+        log.debug("a later turn for %s went to %s (%s)", route.ranking[0], endpoint, why)
 
 
 def estimate_prompt_tokens(messages: Messages) -> int:

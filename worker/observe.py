@@ -17,6 +17,7 @@ from common.metrics import RunCollector, WorkerMetrics, serve
 from common.models import TurnResult
 from common.settings import Settings
 from common.stats import StatsRecorder
+from worker.server_cache import PrefixCacheCollector
 from worker.ticker import Ticker
 
 log = logging.getLogger("eaglegen.worker")
@@ -49,6 +50,7 @@ class Observer:
             return
         if self.settings.metrics_port:
             self.registry.register(RunCollector(self.r, self.settings))
+            self.registry.register(PrefixCacheCollector(self.settings.endpoints))
             serve(self.registry, self.settings.metrics_port, self.settings.metrics_host)
         self._ticker.start()
 

@@ -28,6 +28,7 @@ from worker.client import Messages
 from worker.generate import answer_turns, build_record
 from worker.leases import LeaseKeeper
 from worker.observe import Observer
+from worker.routing import RouteHint, hint_for
 
 log = logging.getLogger("eaglegen.worker")
 Check = Callable[[], None]
@@ -46,8 +47,10 @@ class TurnClient(Protocol):
 class Endpoints(Protocol):
     """Where requests go: a client for one request at a time, under the cluster-wide caps."""
 
-    def borrow(self, check: Check | None = None) -> AbstractContextManager[TurnClient]:
-        """A client of the endpoint chosen for one request."""
+    def borrow(
+        self, check: Check | None = None, hint: RouteHint | None = None
+    ) -> AbstractContextManager[TurnClient]:
+        """A client of the endpoint chosen for one request (``hint``: where its prefix is)."""
         ...
 
 
@@ -141,9 +144,17 @@ class SampleProcessor:
         sample = taken.sample
         params = self.params(store.run)
         check = self._checker(sample_id, cancelled)
+        answered = taken.partial
+        hint = hint_for(sample, params, answered)  # the saved progress keeps the affinity
+
+        def call(messages: Messages) -> TurnResult:
+            nonlocal hint
+            turn = self._call(store.run, messages, params, check, hint)
+            hint = hint.after(turn.endpoint)
+            return turn
+
         turns = answer_turns(
-            sample, params, taken.partial,
-            call=lambda messages: self._call(store.run, messages, params, check),
+            sample, params, answered, call=call,
             save=lambda done: store.save_partial(sample_id, done),
         )  # fmt: skip
         return self._finish(store, sample, params, turns, token, taken.attempts)
@@ -157,9 +168,11 @@ class SampleProcessor:
 
         return check
 
-    def _call(self, run: str, messages: Messages, params: GenParams, check: Check) -> TurnResult:
+    def _call(
+        self, run: str, messages: Messages, params: GenParams, check: Check, hint: RouteHint
+    ) -> TurnResult:
         try:
-            with self.endpoints.borrow(check) as client:
+            with self.endpoints.borrow(check, hint) as client:
                 turn = client.complete(messages, params, check)
         except errors.GenerationError as exc:
             self.observer.error(run, exc)
