@@ -36,6 +36,10 @@ class FakeHashes:
     def expire(self, key, seconds):
         self.queued.append(lambda: None)
 
+    def exists(self, key):  # asked outside the pipeline: a round trip of its own
+        self.executed += 1
+        return int(key in self.h)
+
     def hgetall(self, key):
         self.queued.append(lambda: {k: str(v) for k, v in self.h.get(key, {}).items()})
 
@@ -90,9 +94,9 @@ def test_turns_and_finished_samples_reach_redis_when_flushed_in_one_round_trip()
         rec.finished(30, kept=True, now=1000.0)
     assert _turns(client) == 0 and client.executed == 1  # the read only
     rec.flush()
-    assert client.executed == 2  # one write for all fifty
+    assert client.executed == 3  # "retired?" and one write for all fifty
     rec.flush()  # nothing new: no round trip
-    assert client.executed == 2
+    assert client.executed == 3
     snap = read_snapshot(client, KEYS, now=1000.0, since=0.0)
     assert (snap.turns, snap.completion_tokens_turns) == (50, 1500)
     assert snap.samples_per_s_minute > 0 and snap.last_finished_at == 1000.0
