@@ -276,9 +276,8 @@ local n = (#KEYS - 1) / 2
 local load, cap, ok = {}, {}, {}
 local total, capacity = 0, 0
 for i = 1, n do
-  local slots = KEYS[2 * i]
-  redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
-  load[i] = redis.call('ZCARD', slots)
+  -- Live leases counted, not pruned: the renewer prunes (as in SLOT_ACQUIRE).
+  load[i] = redis.call('ZCOUNT', KEYS[2 * i], '(' .. now, '+inf')
   cap[i] = tonumber(redis.call('GET', KEYS[2 * i + 1]) or ARGV[3 * i + 4])
   ok[i] = ARGV[3 * i + 5] == '1' and redis.call('SISMEMBER', KEYS[1], ARGV[3 * i + 3]) == 0
   if ok[i] then total, capacity = total + load[i], capacity + cap[i] end
