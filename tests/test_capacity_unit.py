@@ -8,12 +8,12 @@ from worker.adaptive import (
     CapState,
     Limits,
     ServerLoad,
-    metrics_url,
     next_cap,
     parse_metrics,
 )
 from worker.health import EndpointHealth, counts_against
 from worker.ratelimit import gcra
+from worker.vllm_metrics import metrics_url
 
 LIMITS = Limits(low=1, high=512)
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass, replace
 
 import httpx
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 
 from common.keys import EndpointKeys
 from common.locks import HeldLock
 from common.settings import Settings
 from worker.capacity import SlotTable
+from worker.vllm_metrics import family_values, metrics_url
 
 log = logging.getLogger("eaglegen.adaptive")
 
@@ -106,20 +106,11 @@ def _clamp(cap: int, limits: Limits) -> int:
 
 def parse_metrics(text: str) -> ServerLoad:
     """Running, waiting and KV-cache usage from a Prometheus exposition of vLLM."""
-    sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name in (RUNNING, WAITING, *KV_USAGE):
-            values = [s.value for s in family.samples if s.name == family.name]
-            sums[family.name] = max(values) if family.name in KV_USAGE else sum(values)
-    if RUNNING not in sums or WAITING not in sums:
+    values = family_values(text, (RUNNING, WAITING, *KV_USAGE))
+    if RUNNING not in values or WAITING not in values:
         raise ValueError(f"no {RUNNING} / {WAITING} in the metrics")
-    kv = next((sums[name] for name in KV_USAGE if name in sums), None)
-    return ServerLoad(int(sums[RUNNING]), int(sums[WAITING]), kv)
-
-
-def metrics_url(endpoint: str) -> str:
-    """vLLM serves /metrics at the root, beside /v1."""
-    return endpoint.removesuffix("/v1") + "/metrics"
+    kv = next((max(values[name]) for name in KV_USAGE if values.get(name)), None)
+    return ServerLoad(int(sum(values[RUNNING])), int(sum(values[WAITING])), kv)
 
 
 class AdaptiveDriver:

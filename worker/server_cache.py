@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import httpx
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from worker.adaptive import metrics_url
+from worker.vllm_metrics import family_values, metrics_url
 
 QUERIES = "vllm:prefix_cache_queries"
 HITS = "vllm:prefix_cache_hits"
@@ -45,15 +44,10 @@ class CacheCounters:
 
 def parse_prefix_cache(text: str) -> CacheCounters | None:
     """The counters in a Prometheus exposition (summed over engines), or None without them."""
-    sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        name = family.name.removesuffix("_total")
-        if name in (QUERIES, HITS):
-            values = [s.value for s in family.samples if s.name in (name, f"{name}_total")]
-            sums[name] = sums.get(name, 0.0) + sum(values)
-    if QUERIES not in sums:
+    values = family_values(text, (QUERIES, HITS))
+    if QUERIES not in values:
         return None
-    return CacheCounters(sums[QUERIES], sums.get(HITS, 0.0))
+    return CacheCounters(sum(values[QUERIES]), sum(values.get(HITS, [])))
 
 
 def read_prefix_caches(
