@@ -48,6 +48,8 @@ from stack import (  # noqa: E402
     Stack,
     cpu_seconds,
     rss_mib,
+    save_results,
+    work_dir,
     write_prompts,
 )
 
@@ -57,7 +59,6 @@ from simulator.answers import expected_answer  # noqa: E402
 from simulator.config import SimConfig  # noqa: E402
 from tests.harness import ROOT, Simulator, child_env, wait_for  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 # Answers of 20-80 tokens, no reasoning: varied lengths, and few enough tokens per second
 # (32 slots / 20 ms = 1,600 a second) that the simulator keeps its schedule on two cores.
 ANSWER_CFG = SimConfig(min_answer_tokens=20, max_answer_tokens=80, reasoning_tokens=0)
@@ -653,8 +654,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     """Run the chosen scenarios one after the other; write JSON, print Markdown."""
     p = parse_args()
-    work = Path(os.environ.get("EAGLEGEN_BENCH_DIR", "/tmp")) / f"eaglegen-bench-{os.getpid()}"
-    work.mkdir(parents=True, exist_ok=True)
+    work = work_dir("bench")
     results: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": f"{os.cpu_count()} cores",
@@ -667,11 +667,9 @@ def main() -> None:
         results[name]["bench_seconds"] = round(time.monotonic() - began, 1)
         print(f"[bench] {name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)
     results["load_after"] = os.getloadavg()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"capacity-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(results, indent=2))
+    path = save_results("capacity", results)
     print(summary(results))
-    print(f"\nfull results: {path.relative_to(ROOT)}")
+    print(f"\nfull results: {path}")
     shutil.rmtree(work)  # logs and JSONL of the scenarios; kept when a scenario fails
 
 

@@ -37,11 +37,10 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from stack import Sampler, Stack  # noqa: E402
+from stack import Sampler, Stack, save_results, work_dir  # noqa: E402
 
 from tests.harness import ROOT, Simulator  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 MT_BENCH = ROOT / "data" / "mt_bench_question.jsonl"
 MODES = ("cache", "least-loaded")
 TOPICS = ("disk", "queue", "cache", "network", "scheduler", "database", "index", "shard")
@@ -225,8 +224,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     """Every chosen set under every mode, one after the other; write JSON, print Markdown."""
     p = parse_args()
-    work = Path(os.environ.get("EAGLEGEN_BENCH_DIR", "/tmp")) / f"eaglegen-routing-{os.getpid()}"
-    work.mkdir(parents=True, exist_ok=True)
+    work = work_dir("routing")
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"),
                                "load_before": os.getloadavg(), "args": vars(p)}  # fmt: skip
     began = time.monotonic()
@@ -242,11 +240,9 @@ def main() -> None:
         results[name] = runs
     results["load_after"] = os.getloadavg()
     results["bench_seconds"] = round(time.monotonic() - began, 1)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"routing-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(results, indent=2))
+    path = save_results("routing", results)
     print(summary(results))
-    print(f"\n{results['bench_seconds']} s; full results: {path.relative_to(ROOT)}")
+    print(f"\n{results['bench_seconds']} s; full results: {path}")
     shutil.rmtree(work)  # logs and JSONL of the runs; kept when a run fails
 
 

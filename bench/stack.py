@@ -26,6 +26,7 @@ from common.models import GenParams
 from common.settings import Settings
 from common.store import RunStore, connect
 from tests.harness import (
+    ROOT,
     Child,
     Procs,
     Simulator,
@@ -41,6 +42,22 @@ from worker.capacity import SlotTable
 NICE = 10
 CLIENT = ["nice", "-n", str(NICE)]
 MODEL = "eaglegen-sim"
+RESULTS = ROOT / "bench" / "results"
+
+
+def work_dir(kind: str) -> Path:
+    """A scratch folder for one benchmark's logs and files (``EAGLEGEN_BENCH_DIR`` or /tmp)."""
+    work = Path(os.environ.get("EAGLEGEN_BENCH_DIR", "/tmp")) / f"eaglegen-{kind}-{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
+def save_results(kind: str, results: dict[str, Any]) -> Path:
+    """Write a benchmark's results as bench/results/KIND-TIME.json (gitignored); the path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(results, indent=2))
+    return path.relative_to(ROOT)
 
 
 def write_prompts(path: Path, n: int, tag: str) -> Path:
