@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from common.models import Checkpoint
+
 
 class EagleGenError(Exception):
     """Root of every error EagleGen raises on purpose."""
@@ -33,6 +38,8 @@ class GenerationError(EagleGenError):
     kind = "error"
     endpoint: str | None = None  # set by the client: where it failed
     tokens_streamed = 0  # set by the client: tokens received before it failed (wasted)
+    # Set by the client when a turn broke mid-stream: what it had generated, to continue from.
+    checkpoint: Checkpoint | None = None
 
 
 class TransientError(GenerationError):

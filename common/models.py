@@ -74,6 +74,9 @@ class TurnStats(BaseModel):
     model: str = ""
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None
+    # Tokens of this turn generated before a break and continued from its checkpoint (0: the
+    # turn streamed unbroken). The ids and text above are the whole turn either way.
+    resumed_from_tokens: int = 0
 
 
 class TurnResult(TurnStats):
@@ -85,6 +88,26 @@ class TurnResult(TurnStats):
     def stats(self) -> TurnStats:
         """The turn without its text."""
         return TurnStats.model_validate(self.model_dump(exclude={"content", "reasoning"}))
+
+
+class Checkpoint(BaseModel):
+    """A turn cut short: what the server had generated so far, saved to continue from.
+
+    Written by the worker under the sample's lease while the turn streams (every
+    ``checkpoint_tokens`` tokens or ``checkpoint_seconds``) and when the stream breaks; the
+    next run of the sample continues it instead of generating it again: exactly from
+    ``prompt_token_ids + token_ids`` where the server gave ids, else from the text.
+    """
+
+    turn: int  # index of the assistant turn in the sample's conversation
+    endpoint: str
+    model: str
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None  # generated so far; None when the server gave no ids
+    content: str = ""  # the answer text so far
+    reasoning: str = ""  # the reasoning text so far
+    tokens: int = 0  # generated so far: len(token_ids), else about one per text chunk
+    resumed_from_tokens: int = 0  # of ``tokens``, how many an earlier checkpoint carried
 
 
 class Message(BaseModel):
