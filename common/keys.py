@@ -99,6 +99,7 @@ def queue_lists(queue: str) -> list[str]:
 # Fields beside a sample's prompt in ``RunKeys.prompts`` (Lua scripts get them as arguments).
 ATTEMPTS_SUFFIX = "|attempts"
 PARTIAL_SUFFIX = "|partial"
+CHECKPOINT_SUFFIX = "|ckpt"
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,9 @@ class RunKeys:
     @property
     def prompts(self) -> str:
         """Hash of each unfinished sample's working state: id -> sample JSON, and beside it
-        ``attempts_field(id)`` and ``partial_field(id)``. One hash, so a worker reads what it
-        needs with one HMGET and a finished sample leaves with one HDEL."""
+        ``attempts_field(id)``, ``partial_field(id)`` and ``checkpoint_field(id)``. One hash,
+        so a worker reads what it needs with one HMGET and a finished sample leaves with one
+        HDEL."""
         return self._key("prompts")
 
     @staticmethod
@@ -142,6 +144,12 @@ class RunKeys:
     def partial_field(sample_id: str) -> str:
         """In ``prompts``: turns already answered, so a retry resumes where it stopped."""
         return sample_id + PARTIAL_SUFFIX
+
+    @staticmethod
+    def checkpoint_field(sample_id: str) -> str:
+        """In ``prompts``: the turn being generated, as far as it got (a ``Checkpoint``), so a
+        retry continues it instead of generating it again; written only by the lease holder."""
+        return sample_id + CHECKPOINT_SUFFIX
 
     @property
     def results(self) -> str:

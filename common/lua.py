@@ -36,10 +36,11 @@ return fresh
 """
 
 # KEYS: pending, leases, lease_owner, prompts, counters
-# ARGV: id, owner, ttl_ms, retries, attempts field, partial field
+# ARGV: id, owner, ttl_ms, retries, attempts field, partial field, checkpoint field
 # Everything a worker needs to start on a sample, in one call: the lease, the attempt count,
-# the prompt and the turns answered by earlier attempts. Returns {'ok', attempts, prompt,
-# partial} (prompt or partial nil when absent), or {'done'} / {'leased'}.
+# the prompt, the turns answered by earlier attempts and the checkpoint of the turn they were
+# on. Returns {'ok', attempts, prompt, partial, checkpoint} (nil or empty when absent), or
+# {'done'} / {'leased'}.
 # An attempt beyond the message's own retries means the message came again (the reconciler,
 # a hand-back, the visibility timeout): counted as a redelivery. A lease and its owner are
 # always written and removed together, so a sample without an owner has no lease to check.
@@ -56,8 +57,8 @@ redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 local attempts = redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
 if attempts > tonumber(ARGV[4]) + 1 then redis.call('HINCRBY', KEYS[5], 'redeliveries', 1) end
-local found = redis.call('HMGET', KEYS[4], ARGV[1], ARGV[6])
-return {'ok', attempts, found[1], found[2]}
+local found = redis.call('HMGET', KEYS[4], ARGV[1], ARGV[6], ARGV[7])
+return {'ok', attempts, found[1], found[2], found[3]}
 """
 )
 
@@ -94,7 +95,8 @@ return 0
 """
 
 # KEYS: pending, results, ready, leases, lease_owner, prompts, counters
-# ARGV: id, record json, completion tokens, token, attempts field, partial field
+# ARGV: id, record json, completion tokens, token, attempts field, partial field,
+#       checkpoint field
 # A sample's whole finish: 1 stored, 0 already finished, -1 refused: another worker holds the
 # lease (ours was lost). Our lease ends here in every case but the last.
 STORE_RESULT = """
@@ -108,13 +110,16 @@ end
 if stored == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('RPUSH', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[6], ARGV[1], ARGV[5], ARGV[6])
+redis.call('HDEL', KEYS[6], ARGV[1], ARGV[5], ARGV[6], ARGV[7])
 redis.call('HINCRBY', KEYS[7], 'completion_tokens', tonumber(ARGV[3]))
 return 1
 """
 
-# KEYS: pending, failed, leases, lease_owner, counters   ARGV: id, failure json, kind, token
-# Refused (-1) while another worker holds the sample's lease: it may yet succeed.
+# KEYS: pending, failed, leases, lease_owner, counters, prompts
+# ARGV: id, failure json, kind, token, checkpoint field
+# Refused (-1) while another worker holds the sample's lease: it may yet succeed. The prompt
+# and answered turns stay (``requeue failed`` runs the sample again); the checkpoint goes: the
+# failure may be the continuation itself (a server refusing the token-id prompt).
 STORE_FAILURE = """
 local owner = redis.call('HGET', KEYS[4], ARGV[1])
 if owner and owner ~= ARGV[4] then return -1 end
@@ -122,23 +127,35 @@ if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[6], ARGV[5])
 redis.call('HINCRBY', KEYS[5], 'failed:' .. ARGV[3], 1)
 return 1
 """
 
-# KEYS: failed, pending, prompts   ARGV: max ids, attempts suffix
+# KEYS: failed, pending, prompts   ARGV: max ids, attempts suffix, checkpoint suffix
 # Returns the ids moved back to pending; their attempts count from zero again, their answered
-# turns are kept.
+# turns are kept, a checkpoint (none is left by STORE_FAILURE; older runs) is not.
 REQUEUE_FAILED = """
 local ids = redis.call('HKEYS', KEYS[1])
 local moved = {}
 for i = 1, math.min(#ids, tonumber(ARGV[1])) do
   redis.call('HDEL', KEYS[1], ids[i])
-  redis.call('HDEL', KEYS[3], ids[i] .. ARGV[2])
+  redis.call('HDEL', KEYS[3], ids[i] .. ARGV[2], ids[i] .. ARGV[3])
   redis.call('SADD', KEYS[2], ids[i])
   table.insert(moved, ids[i])
 end
 return moved
+"""
+
+# KEYS: lease_owner, prompts   ARGV: id, token, checkpoint field, checkpoint json
+# Fenced: written only while ``token`` is the sample's lease owner. A worker paused past its
+# lease (SIGSTOP, a VM freeze) wakes up unable to overwrite the checkpoint of the worker that
+# took the sample over; a lease not yet taken over is still its own, so its newer progress
+# is kept. A lease with no owner (reaped) refuses too. Returns 1 written, 0 refused.
+SAVE_CHECKPOINT = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+return 1
 """
 
 # The collector's scripts are fenced: they act only for the holder of the run's collector lock

@@ -17,9 +17,9 @@ import redis
 
 from common import errors, lua
 from common.errors import RunMismatch, RunRetired
-from common.keys import ATTEMPTS_SUFFIX, RunKeys, retired_runs_key, runs_key
+from common.keys import ATTEMPTS_SUFFIX, CHECKPOINT_SUFFIX, RunKeys, retired_runs_key, runs_key
 from common.locks import HeldLock
-from common.models import Failure, GenParams, Sample, TurnResult
+from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
 from common.redis_url import is_sentinel, sentinel_master_client
 
 # Explicit, whatever redis-py's default: no Redis command here may block for longer.
@@ -43,6 +43,13 @@ class Taken:
     attempts: int = 0
     sample: Sample | None = None  # None: no stored prompt (a broken run)
     partial: list[TurnResult] = field(default_factory=list)
+    # The turn an earlier attempt was generating when it stopped, as far as it got.
+    checkpoint: Checkpoint | None = None
+
+    def resume_point(self) -> Checkpoint | None:
+        """The checkpoint, if it is of the next turn to answer (an older one is stale)."""
+        ckpt = self.checkpoint
+        return ckpt if ckpt is not None and ckpt.turn == len(self.partial) else None
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,7 @@ class RunStore:
         reg = client.register_script
         self._accept = reg(lua.ACCEPT)
         self._take = reg(lua.LEASE_TAKE)
+        self._save_checkpoint = reg(lua.SAVE_CHECKPOINT)
         self._renew = reg(lua.LEASE_RENEW)
         self._release = reg(lua.LEASE_RELEASE)
         self._store_result = reg(lua.STORE_RESULT)
@@ -188,15 +196,16 @@ class RunStore:
         reply = self._take(
             keys=[k.pending, k.leases, k.lease_owner, k.prompts, k.counters],
             args=[sample_id, owner, int(ttl_s * 1000), retries, k.attempts_field(sample_id),
-                  k.partial_field(sample_id)],
+                  k.partial_field(sample_id), k.checkpoint_field(sample_id)],
         )  # fmt: skip
         if reply[0] != "ok":
             return Taken(reply[0])
-        _, attempts, prompt, partial = reply
+        _, attempts, prompt, partial, ckpt = reply
         return Taken(
             "ok", int(attempts),
             Sample.model_validate_json(prompt) if prompt else None,
             [TurnResult.model_validate(t) for t in json.loads(partial)] if partial else [],
+            Checkpoint.model_validate_json(ckpt) if ckpt else None,
         )  # fmt: skip
 
     def acquire(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> LeaseOutcome:
@@ -223,9 +232,31 @@ class RunStore:
         return int(self.r.hget(self.keys.prompts, self.keys.attempts_field(sample_id)) or 0)
 
     def save_partial(self, sample_id: str, turns: list[TurnResult]) -> None:
-        """Keep answered turns so a retry resumes at the first unanswered one."""
+        """Keep answered turns so a retry resumes at the first unanswered one.
+
+        The checkpoint of the turn just answered is emptied in the same HSET (one command,
+        as before checkpoints): it is done, and a retry must not continue it again.
+        """
+        k = self.keys
         payload = json.dumps([t.model_dump() for t in turns], ensure_ascii=False)
-        self.r.hset(self.keys.prompts, self.keys.partial_field(sample_id), payload)
+        fields = {k.partial_field(sample_id): payload, k.checkpoint_field(sample_id): ""}
+        self.r.hset(k.prompts, mapping=fields)
+
+    def save_checkpoint(self, sample_id: str, token: str, checkpoint: Checkpoint) -> bool:
+        """Keep the turn in progress while ``token`` holds the sample's lease; False: refused
+        (another worker holds it now, or the lease was reaped)."""
+        k = self.keys
+        written = self._save_checkpoint(
+            keys=[k.lease_owner, k.prompts],
+            args=[sample_id, token, k.checkpoint_field(sample_id), checkpoint.model_dump_json()],
+        )
+        return bool(written)
+
+    def checkpoint(self, sample_id: str) -> Checkpoint | None:
+        """The sample's checkpoint, if one is kept (for tests and tools; workers get it with
+        ``take``)."""
+        raw = self.r.hget(self.keys.prompts, self.keys.checkpoint_field(sample_id))
+        return Checkpoint.model_validate_json(raw) if raw else None
 
     def store_result(
         self, sample_id: str, record_json: str, completion_tokens: int, token: str = ""
@@ -236,16 +267,17 @@ class RunStore:
         keys = [k.pending, k.results, k.ready, k.leases, k.lease_owner, k.prompts, k.counters]
         args: list[str | int] = [
             sample_id, record_json, completion_tokens, token, k.attempts_field(sample_id),
-            k.partial_field(sample_id),
+            k.partial_field(sample_id), k.checkpoint_field(sample_id),
         ]  # fmt: skip
         return _STORE_OUTCOMES[int(self._store_result(keys=keys, args=args))]
 
     def store_failure(self, sample_id: str, failure: Failure, token: str = "") -> StoreOutcome:
         """Move a sample to the failed set with its reason, unless another worker holds it."""
         k = self.keys
+        ckpt_field = k.checkpoint_field(sample_id)
         outcome = self._store_failure(
-            keys=[k.pending, k.failed, k.leases, k.lease_owner, k.counters],
-            args=[sample_id, failure.model_dump_json(), failure.kind, token],
+            keys=[k.pending, k.failed, k.leases, k.lease_owner, k.counters, k.prompts],
+            args=[sample_id, failure.model_dump_json(), failure.kind, token, ckpt_field],
         )
         return _STORE_OUTCOMES[int(outcome)]
 
@@ -302,7 +334,7 @@ class RunStore:
         """Move failed samples back to pending; returns their ids (to be published)."""
         k = self.keys
         moved = self._requeue_failed(
-            keys=[k.failed, k.pending, k.prompts], args=[limit, ATTEMPTS_SUFFIX]
+            keys=[k.failed, k.pending, k.prompts], args=[limit, ATTEMPTS_SUFFIX, CHECKPOINT_SUFFIX]
         )
         return [str(x) for x in moved]
 

@@ -1,0 +1,103 @@
+"""A turn's checkpoint in the run store, against a real Redis: fenced by the lease, returned by
+the take, gone with the answered turn, the result, the failure and the retired run."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from common.models import Checkpoint, Failure, Sample, SourceRef
+from common.store import RunStore
+from tests.fakes import turn
+
+
+@pytest.fixture
+def store(rdb) -> RunStore:
+    return RunStore(rdb, "eaglegen", "unit")
+
+
+def _sample(i: int, turns: int = 1) -> Sample:
+    return Sample(
+        id=f"s{i}", user_turns=[f"q{i}.{t}" for t in range(turns)],
+        source=SourceRef(dataset="d", row=i, format="prompt"),
+    )  # fmt: skip
+
+
+def ckpt(tokens: int, turn_index: int = 0) -> Checkpoint:
+    return Checkpoint(
+        turn=turn_index, endpoint="http://e/v1", model="m", prompt_token_ids=[5, 6, 7],
+        token_ids=list(range(100, 100 + tokens)), content="x" * tokens, tokens=tokens,
+    )  # fmt: skip
+
+
+def test_only_the_lease_holder_writes_and_the_next_take_returns_it(store):
+    store.accept([_sample(1)])
+    assert store.take("s1", "old", 0.05).checkpoint is None
+    assert store.save_checkpoint("s1", "old", ckpt(10))
+    time.sleep(0.1)  # the old holder pauses (SIGSTOP) past its lease
+    taken = store.take("s1", "new", 30)
+    assert taken.checkpoint == ckpt(10) and taken.resume_point() == ckpt(10)
+    assert not store.save_checkpoint("s1", "old", ckpt(99))  # it wakes up: refused
+    assert store.checkpoint("s1") == ckpt(10)
+    assert store.save_checkpoint("s1", "new", ckpt(20))
+    assert store.checkpoint("s1") == ckpt(20)
+
+
+def test_no_one_writes_a_checkpoint_without_a_lease(store):
+    store.accept([_sample(1)])
+    assert not store.save_checkpoint("s1", "anyone", ckpt(5))  # never leased
+    store.take("s1", "a", 0.05)
+    time.sleep(0.1)
+    assert store.reap_expired_leases() == ["s1"]
+    assert not store.save_checkpoint("s1", "a", ckpt(5))  # reaped: no owner
+    store.take("s1", "b", 30)
+    store.release("s1", "b")
+    assert not store.save_checkpoint("s1", "b", ckpt(5))  # given back
+    assert store.checkpoint("s1") is None
+
+
+def test_a_reaped_lease_keeps_its_checkpoint_for_the_next_holder(store):
+    store.accept([_sample(1)])
+    store.take("s1", "dead", 0.05)
+    store.save_checkpoint("s1", "dead", ckpt(300))
+    time.sleep(0.1)
+    store.reap_expired_leases()  # the reconciler finds the dead worker's lease
+    assert store.take("s1", "next", 30).checkpoint == ckpt(300)
+
+
+def test_answering_the_turn_empties_its_checkpoint_in_the_same_write(store):
+    store.accept([_sample(1, turns=2)])
+    store.take("s1", "a", 30)
+    store.save_checkpoint("s1", "a", ckpt(50, turn_index=0))
+    store.save_partial("s1", [turn("one")])
+    store.release("s1", "a")
+    taken = store.take("s1", "b", 30)
+    assert [t.content for t in taken.partial] == ["one"] and taken.checkpoint is None
+
+
+def test_a_checkpoint_of_an_earlier_turn_is_no_resume_point(store):
+    store.accept([_sample(1, turns=2)])
+    store.take("s1", "a", 30)
+    store.r.hset(store.keys.prompts, "s1|partial", '[{"content": "one"}]')  # turn 0 answered
+    store.save_checkpoint("s1", "a", ckpt(50, turn_index=0))  # yet its checkpoint is left
+    store.release("s1", "a")
+    taken = store.take("s1", "b", 30)
+    assert taken.checkpoint is not None and taken.resume_point() is None
+
+
+def test_the_result_the_failure_and_retirement_delete_it(store):
+    store.accept([_sample(1), _sample(2)])
+    for sample_id in ("s1", "s2"):
+        store.take(sample_id, "a", 30)
+        store.save_checkpoint(sample_id, "a", ckpt(40))
+    assert store.store_result("s1", "{}", 40, "a") == "stored"
+    failure = Failure(kind="5xx", message="m", attempts=9, at=0.0)
+    assert store.store_failure("s2", failure, "a") == "stored"
+    # The failed sample's prompt and attempts stay for a requeue; no checkpoint is left.
+    assert sorted(store.r.hkeys(store.keys.prompts)) == ["s2", "s2|attempts"]
+    assert store.requeue_failed() == ["s2"]
+    assert store.take("s2", "b", 30).checkpoint is None  # requeued: from the start
+    store.save_checkpoint("s2", "b", ckpt(40))
+    assert store.retire(force=True) == "retired"
+    assert not store.r.exists(store.keys.prompts)
