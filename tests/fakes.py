@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.models import Failure, GenParams, Sample, SourceRef, TurnResult, Usage
+from common.models import Checkpoint, Failure, GenParams, Sample, SourceRef, TurnResult, Usage
 from common.store import Taken
 
 
@@ -55,6 +55,7 @@ class FakeStore:
     accepted: set[str] = field(default_factory=set)
     leases: dict[str, str] = field(default_factory=dict)
     partial: dict[str, list[TurnResult]] = field(default_factory=dict)
+    checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
     results: dict[str, str] = field(default_factory=dict)
     failed: dict[str, Failure] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
@@ -80,7 +81,8 @@ class FakeStore:
         self.leases[sample_id] = owner
         self.counters[f"attempts:{sample_id}"] = self.attempts(sample_id) + 1
         partial = list(self.partial.get(sample_id, []))
-        return Taken("ok", self.attempts(sample_id), self.samples.get(sample_id), partial)
+        ckpt = self.checkpoints.get(sample_id)
+        return Taken("ok", self.attempts(sample_id), self.samples.get(sample_id), partial, ckpt)
 
     def release(self, sample_id: str, owner: str) -> None:
         if self.leases.get(sample_id) == owner:
@@ -94,6 +96,13 @@ class FakeStore:
 
     def save_partial(self, sample_id: str, turns: list[TurnResult]) -> None:
         self.partial[sample_id] = list(turns)
+        self.checkpoints.pop(sample_id, None)
+
+    def save_checkpoint(self, sample_id: str, token: str, checkpoint: Checkpoint) -> bool:
+        if self.leases.get(sample_id) != token:
+            return False
+        self.checkpoints[sample_id] = checkpoint
+        return True
 
     def store_result(
         self, sample_id: str, record_json: str, completion_tokens: int, token: str = ""
@@ -105,6 +114,7 @@ class FakeStore:
             return "duplicate"
         self.pending.discard(sample_id)
         self.partial.pop(sample_id, None)
+        self.checkpoints.pop(sample_id, None)
         self.results[sample_id] = record_json
         self.ready.append(sample_id)
         return "stored"
@@ -115,6 +125,7 @@ class FakeStore:
         if sample_id not in self.pending:
             return "duplicate"
         self.pending.discard(sample_id)
+        self.checkpoints.pop(sample_id, None)
         self.failed[sample_id] = failure
         return "stored"
 
@@ -162,17 +173,22 @@ class FakeClient:
     def __init__(self, *script: Any, probe_error: Exception | None = None) -> None:
         self.script = list(script)
         self.calls: list[list[dict[str, Any]]] = []
+        self.options: list[dict[str, Any]] = []  # each call's turn, resume and progress
         self.probe_error = probe_error
 
     def probe(self, timeout: float) -> None:
         if self.probe_error is not None:
             raise self.probe_error
 
-    def complete(self, messages: Any, params: Any, check: Any = None) -> TurnResult:
+    def complete(self, messages: Any, params: Any, check: Any = None, **options: Any) -> TurnResult:
+        """A script entry may be a callable of (progress): it plays the stream's checkpoints."""
         self.calls.append(messages)
+        self.options.append(options)
         if check is not None:
             check()
         step = self.script.pop(0)
+        if callable(step):
+            step = step(options.get("progress"))
         if isinstance(step, BaseException):
             raise step
         return step  # type: ignore[no-any-return]
