@@ -68,6 +68,8 @@ class Snapshot:
     latency_p95: float | None = None
     tokens_p95: float | None = None
     wasted_tokens: int = 0
+    resumed_turns: int = 0  # turns continued from a checkpoint
+    resumed_tokens: int = 0  # tokens those turns did not generate again
     last_finished_at: float | None = None
     errors: dict[str, int] = field(default_factory=dict)
     last_errors: dict[str, str] = field(default_factory=dict)
@@ -165,8 +167,11 @@ class StatsRecorder:
         self._batch = StatsBatch()
         self._lock = threading.Lock()
 
-    def turn(self, endpoint: str, latency_s: float, completion_tokens: int) -> None:
-        """A turn came back from the model."""
+    def turn(
+        self, endpoint: str, latency_s: float, completion_tokens: int, resumed_from: int = 0
+    ) -> None:
+        """A turn came back from the model (``resumed_from``: tokens it continued from a
+        checkpoint instead of generating them again)."""
         k = self.keys
         with self._lock:
             b = self._batch
@@ -178,6 +183,9 @@ class StatsRecorder:
             b.add(k.endpoint_stats, f"{endpoint}|requests", 1)
             b.add(k.endpoint_stats, f"{endpoint}|tokens", completion_tokens)
             b.add_float(k.endpoint_stats, f"{endpoint}|latency_sum", latency_s)
+            if resumed_from:
+                b.add(k.stats, "resumed", 1)
+                b.add(k.stats, "resumed_tokens", resumed_from)
 
     def finished(self, tokens: int, kept: bool, now: float | None = None) -> None:
         """A sample's result was stored (kept) or was a duplicate (its tokens wasted)."""
@@ -258,6 +266,8 @@ def _from_stats(stats: dict[str, str]) -> Snapshot:
         completion_tokens_turns=int(stats.get("turn_tokens", 0)),
         latency_sum=float(stats.get("latency_sum", 0.0)),
         wasted_tokens=int(stats.get("wasted_tokens", 0)),
+        resumed_turns=int(stats.get("resumed", 0)),
+        resumed_tokens=int(stats.get("resumed_tokens", 0)),
         last_finished_at=float(stats["last_finished_at"]) if "last_finished_at" in stats else None,
     )
     lat = {int(k[4:]): int(v) for k, v in stats.items() if k.startswith("lat:")}

@@ -85,7 +85,7 @@ class Observer:
     def turn(self, run: str, turn: TurnResult) -> None:
         """A turn came back from the model."""
         tokens = turn.usage.completion_tokens
-        self.recorder(run).turn(turn.endpoint, turn.latency_s, tokens)
+        self.recorder(run).turn(turn.endpoint, turn.latency_s, tokens, turn.resumed_from_tokens)
         self.metrics.turn(turn.endpoint, turn.latency_s, tokens)
         self.summary.add(turns=1, tokens=tokens)
 

@@ -27,7 +27,10 @@ def test_status_counts_match_a_run_with_known_retries_failures_and_tokens(stack:
     assert status["completion_tokens"] == tokens and status["turns"] == 5
     assert status["errors"] == {"5xx": 5, "400": 1}
     assert "maximum context length" in status["last_errors"]["400"]
-    assert status["goodput"] == {"kept_tokens": tokens, "wasted_tokens": 0, "fraction_kept": 1.0}
+    assert status["goodput"] == {
+        "kept_tokens": tokens, "wasted_tokens": 0, "fraction_kept": 1.0, "resumed_turns": 0,
+        "resumed_tokens": 0,
+    }  # fmt: skip
     assert status["samples_per_s_last_minute"] > 0 and status["eta_s"] == 0
     [endpoint] = [e for url, e in status["endpoints"].items() if "requests" in e]
     assert (endpoint["requests"], endpoint["tokens"], endpoint["errors"]) == (5, tokens, 6)
