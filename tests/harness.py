@@ -26,6 +26,10 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 # Every EagleGen role is started by its command line, as a user starts it.
 CLI = (sys.executable, "-m", "cli.main")
+# ... from this checkout's code, whichever venv runs it: a venv's editable install points at the
+# checkout it was made in, so a second worktree (or an old commit benchmarked side by side)
+# would otherwise run that one's code in its children.
+CLI_ENV = {"PYTHONPATH": str(ROOT)}
 # What a child keeps of the host's environment: enough to find programs and speak the locale.
 HOST_VARIABLES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR"})
 HOST_PREFIXES = ("LC_",)
@@ -113,7 +117,7 @@ class Procs:
         """Start ``eaglegen ARGS`` (``python -m cli.main``); ``nice`` overrides the default."""
         nice = self.nice if nice is None else nice
         prefix = ["nice", "-n", str(nice)] if nice else []
-        return self.start_program(name, [*prefix, *CLI, *args], env)
+        return self.start_program(name, [*prefix, *CLI, *args], {**CLI_ENV, **(env or {})})
 
     def start_program(
         self, name: str, command: Sequence[str], env: Mapping[str, str] | None = None
@@ -139,7 +143,7 @@ class Procs:
         return subprocess.run(
             [*CLI, *args],
             cwd=self.logs_dir,
-            env=child_env(self.env, env or {}),
+            env=child_env(CLI_ENV, self.env, env or {}),
             capture_output=True,
             text=True,
             timeout=timeout,
