@@ -239,8 +239,8 @@ class RunStore:
         """
         k = self.keys
         payload = json.dumps([t.model_dump() for t in turns], ensure_ascii=False)
-        fields = {k.partial_field(sample_id): payload, k.checkpoint_field(sample_id): ""}
-        self.r.hset(k.prompts, mapping=fields)
+        self.r.hset(k.prompts, mapping={k.partial_field(sample_id): payload,
+                                        k.checkpoint_field(sample_id): ""})  # fmt: skip
 
     def save_checkpoint(self, sample_id: str, token: str, checkpoint: Checkpoint) -> bool:
         """Keep the turn in progress while ``token`` holds the sample's lease; False: refused
