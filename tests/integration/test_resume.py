@@ -1,0 +1,185 @@
+"""Exact resume with real workers, Redis and simulators: a turn broken mid-stream (a dropped
+connection, a SIGKILLed worker, a worker paused past its lease) continues from its checkpoint,
+and its record equals that of an unbroken run of the same prompts.
+
+Each test runs the same prompts through a second, fault-free pipeline (another run, queue and
+simulator in the same Redis) as its reference; the simulator's answers depend on the prompt
+and the answer-length options only, not on its pacing.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import ROOT, Procs, start_simulator, wait_for
+from tests.stack import Stack
+
+PROMPTS = ROOT / "data" / "mt_bench_question.jsonl"  # two user turns each
+FAST_RECOVERY = {"EAGLEGEN_LEASE_TTL": "3", "EAGLEGEN_RECONCILE_INTERVAL": "1"}
+LONG = ("--min-answer-tokens", "200", "--max-answer-tokens", "240", "--reasoning-tokens", "0")
+
+
+def _turns(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    return {r["id"]: r["generation"]["turns"] for r in records}
+
+
+def _ids(records: list[dict[str, Any]]) -> dict[str, list[list[int]]]:
+    """Per sample, every turn's prompt ids + completion ids: what a training row is made of."""
+    return {
+        sample_id: [t["prompt_token_ids"] + t["token_ids"] for t in turns]
+        for sample_id, turns in _turns(records).items()
+    }
+
+
+def _texts(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    return {r["id"]: r["conversations"] for r in records}
+
+
+def reference(
+    procs: Procs, redis_url: str, tmp: Path, source: Path, *options: str, sim: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    """The records of an unbroken run of ``source``: no faults, no kills, no resume."""
+    ref = Stack(procs, redis_url, tmp / "reference")
+    (tmp / "reference").mkdir(exist_ok=True)
+    ref.env["EAGLEGEN_ENDPOINTS"] = start_simulator(procs, *sim).endpoint
+    ref.worker(concurrency=8)
+    ref.collector()
+    ref.enqueue(source, *options)
+    ref.wait_complete()
+    return ref.lines()
+
+
+def _prompts(tmp: Path, n: int) -> Path:
+    path = tmp / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"tell me about {i}"}) + "\n" for i in range(n)))
+    return path
+
+
+def test_dropped_streams_continue_exactly_and_the_server_generates_each_token_once(
+    stack: Stack, redis_url, tmp_path
+):
+    expected = reference(stack.procs, redis_url, tmp_path, PROMPTS, "--limit", "6")
+    url = stack.simulator("--disconnect-first", "1")
+    worker = stack.worker(concurrency=8, EAGLEGEN_CHECKPOINT_TOKENS="16")
+    stack.collector()
+    stack.enqueue(PROMPTS, "--limit", "6")
+    stack.wait_complete()
+    stack.procs.stop(worker)  # its last second of turn statistics is written as it stops
+    records = stack.lines()
+
+    assert _ids(records) == _ids(expected) and _texts(records) == _texts(expected)
+    turns = [t for ts in _turns(records).values() for t in ts]
+    assert len(turns) == 12 and all(t["resumed_from_tokens"] > 0 for t in turns)
+    output = sum(len(t["token_ids"]) for t in turns)
+    generated = _sim_generated(url)
+    # Every turn broke once; only what was in flight at the break is generated twice.
+    assert output <= generated <= output * 1.1, (generated, output)
+    status = json.loads(stack.procs.run(["status", "--json"], stack.env).stdout)
+    assert status["goodput"]["resumed_turns"] == 12
+    assert status["goodput"]["resumed_tokens"] == sum(t["resumed_from_tokens"] for t in turns)
+
+
+def test_resume_off_generates_a_broken_turn_again_from_the_start(stack: Stack, redis_url, tmp_path):
+    expected = reference(stack.procs, redis_url, tmp_path, PROMPTS, "--limit", "4")
+    url = stack.simulator("--disconnect-first", "1")
+    stack.worker(concurrency=8, EAGLEGEN_RESUME="off")
+    stack.collector()
+    stack.enqueue(PROMPTS, "--limit", "4")
+    stack.wait_complete()
+    records = stack.lines()
+
+    assert _ids(records) == _ids(expected)
+    turns = [t for ts in _turns(records).values() for t in ts]
+    assert all(t["resumed_from_tokens"] == 0 for t in turns)
+    output = sum(len(t["token_ids"]) for t in turns)
+    assert _sim_generated(url) > output  # the broken parts were generated again
+    assert not any(stack.store.r.hkeys(stack.store.keys.prompts))
+
+
+def test_a_killed_workers_turns_continue_from_their_checkpoints(stack: Stack, redis_url, tmp_path):
+    source = _prompts(tmp_path, 4)
+    expected = reference(stack.procs, redis_url, tmp_path, source, sim=LONG)
+    stack.env.update(FAST_RECOVERY, EAGLEGEN_CHECKPOINT_TOKENS="32")
+    url = stack.simulator("--time-per-token", "0.03", *LONG)
+    doomed = stack.worker(concurrency=4)
+    stack.enqueue(source)
+    wait_for(lambda: stack.store.counts().in_flight == 4, 30, "the worker to lease 4 samples")
+    ids = sorted(stack.store.pending_ids())
+
+    def checkpointed() -> bool:
+        found = [stack.store.checkpoint(i) for i in ids]
+        return all(c is not None and c.tokens >= 64 for c in found)
+
+    wait_for(checkpointed, 60, "a checkpoint of every sample")
+    stack.procs.kill(doomed)
+    kept = {i: stack.store.checkpoint(i) for i in ids}
+    assert all(c is not None and c.token_ids for c in kept.values())
+    stack.worker(concurrency=4)  # the reconciler gives it the dead worker's samples
+    stack.collector()
+    stack.wait_complete()
+    records = stack.lines()
+
+    assert _ids(records) == _ids(expected) and _texts(records) == _texts(expected)
+    for sample_id, [turn] in _turns(records).items():
+        saved = kept[sample_id]
+        assert saved is not None and turn["resumed_from_tokens"] >= saved.tokens
+        assert turn["token_ids"][: saved.tokens] == saved.token_ids
+    output = sum(len(t["token_ids"]) for ts in _turns(records).values() for t in ts)
+    # Lost to the kill: only what streamed after each sample's last checkpoint (< 32 + a read).
+    assert _sim_generated(url) <= output + 4 * 64
+
+
+def test_a_worker_paused_past_its_lease_cannot_overwrite_the_new_holders_checkpoint(
+    stack: Stack, redis_url, tmp_path
+):
+    source = _prompts(tmp_path, 1)
+    expected = reference(stack.procs, redis_url, tmp_path, source, sim=LONG)
+    stack.env.update(
+        EAGLEGEN_LEASE_TTL="2", EAGLEGEN_RECONCILE_INTERVAL="1", EAGLEGEN_CHECKPOINT_TOKENS="16"
+    )
+    stack.simulator("--time-per-token", "0.03", *LONG)
+    paused = stack.worker(concurrency=1)
+    stack.enqueue(source)
+    [sample_id] = stack.store.pending_ids()
+    wait_for(lambda: stack.store.checkpoint(sample_id) is not None, 30, "a first checkpoint")
+    paused.send_signal(signal.SIGSTOP)
+    try:
+        stack.worker(concurrency=1)  # takes over once the lease has expired, and resumes
+
+        def new_holders() -> bool:
+            ckpt = stack.store.checkpoint(sample_id)
+            return ckpt is not None and ckpt.resumed_from_tokens > 0
+
+        wait_for(new_holders, 60, "the new holder's checkpoint")
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    # The paused worker wakes with a stream's worth of unread tokens and a checkpoint due: the
+    # fence refuses it. Its checkpoints started from 0 tokens; the new holder's from one.
+    seen = []
+
+    def finished_or_watched() -> bool:
+        ckpt = stack.store.checkpoint(sample_id)
+        if ckpt is not None:
+            seen.append(ckpt.resumed_from_tokens)
+        return ckpt is None
+
+    wait_for(finished_or_watched, 60, "the sample to finish", every=0.02)
+    assert seen and all(n > 0 for n in seen)
+    stack.collector()
+    stack.wait_complete()
+    assert _ids(stack.lines()) == _ids(expected)
+
+
+def _sim_generated(url: str) -> int:
+    import httpx
+
+    stats = httpx.get(f"{url}/sim/stats", timeout=5).json()
+    return int(stats["tokens_generated"])
+
+
+pytestmark = pytest.mark.integration
