@@ -124,12 +124,14 @@ chaos: install-dev
 	$(PY) scripts/chaos.py
 
 # Capacity benchmarks, side by side with the baseline script, then routing by prefix cache vs
-# least-loaded (Redis db 12; ~5 min on 2 cores, then 77 s for routing):
-# JSON in bench/results/, a Markdown summary on stdout, figures quoted in docs/benchmarks.md.
+# least-loaded (Redis db 12; ~5 min on 2 cores, then 77 s for routing), then what checkpoints
+# cost (a second): JSON in bench/results/, a Markdown summary on stdout, figures quoted in
+# docs/benchmarks.md and docs/resume.md.
 bench: install-dev redis
 	$(PY) bench/bench_capacity.py
 	$(PY) bench/bench_tokenize.py --rows 20000 --json bench/results/tokenize.json
 	$(PY) bench/bench_routing.py
+	$(PY) bench/bench_checkpoint.py
 
 # 100k zero-latency samples through 2 workers x 32 (Redis db 12, about 8 min on 2 cores): RSS per
 # worker at each 10k, log bytes per 1,000 samples, Redis bytes before and after retiring the run.

@@ -37,6 +37,9 @@ from common.settings import Settings
 from common.store import RunStore, connect
 from worker.checkpoints import TurnCheckpoints
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stack import save_results
+
 SETTINGS = (64, 256, 1024, None)  # None: EAGLEGEN_RESUME=off, no checkpoints
 VOCAB = 151_000  # ids of a Qwen-sized vocabulary: mostly 5-6 digits in JSON
 PROMPT_TOKENS = 300
@@ -130,11 +133,14 @@ def main() -> None:
     a = parser.parse_args()
     client = connect(a.redis_url)
     store = RunStore(client, "eaglegen-bench", f"ckpt-{uuid.uuid4().hex[:6]}")
+    results: dict[str, Any] = {}
     try:
         for n in (int(x) for x in a.tokens.split(",")):
-            print(table(n, measure(store, n, a.repeats)))
+            results[str(n)] = measure(store, n, a.repeats)
+            print(table(n, results[str(n)]))
     finally:
         store.delete()
+    print(f"results: {save_results('checkpoint', results)}")
 
 
 if __name__ == "__main__":
