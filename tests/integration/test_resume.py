@@ -81,7 +81,33 @@ def test_dropped_streams_continue_exactly_and_the_server_generates_each_token_on
     assert output <= generated <= output * 1.1, (generated, output)
     status = json.loads(stack.procs.run(["status", "--json"], stack.env).stdout)
     assert status["goodput"]["resumed_turns"] == 12
+    # Kept, so not wasted: at most a token past a break that carried no text (a cut just
+    # after the opening <think>) is generated again.
+    assert status["goodput"]["wasted_tokens"] <= 12
     assert status["goodput"]["resumed_tokens"] == sum(t["resumed_from_tokens"] for t in turns)
+
+
+def test_without_token_ids_a_dropped_turn_continues_from_its_text(
+    stack: Stack, redis_url, tmp_path
+):
+    expected = reference(
+        stack.procs, redis_url, tmp_path, PROMPTS, "--limit", "4", sim=("--no-token-ids",)
+    )
+    url = stack.simulator("--disconnect-first", "1", "--no-token-ids")
+    stack.worker(concurrency=8, EAGLEGEN_CHECKPOINT_TOKENS="16")
+    stack.collector()
+    stack.enqueue(PROMPTS, "--limit", "4")
+    stack.wait_complete()
+    records = stack.lines()
+
+    assert _texts(records) == _texts(expected)
+    turns = [t for ts in _turns(records).values() for t in ts]
+    assert len(turns) == 8 and all(t["resumed_from_tokens"] > 0 for t in turns)
+    assert not any("token_ids" in t for t in turns)
+    # Without ids a checkpoint counts text chunks, not tokens (the simulator sends 16 tokens a
+    # chunk here): the unbroken run's usage is the measure of the output.
+    output = sum(t["usage"]["completion_tokens"] for ts in _turns(expected).values() for t in ts)
+    assert _sim_generated(url) <= output * 1.1, (_sim_generated(url), output)
 
 
 def test_resume_off_generates_a_broken_turn_again_from_the_start(stack: Stack, redis_url, tmp_path):
@@ -134,6 +160,35 @@ def test_a_killed_workers_turns_continue_from_their_checkpoints(stack: Stack, re
     assert _sim_generated(url) <= output + 4 * 64
 
 
+def test_a_stopping_workers_turns_are_handed_back_with_their_break_points(
+    stack: Stack, redis_url, tmp_path
+):
+    source = _prompts(tmp_path, 3)
+    expected = reference(stack.procs, redis_url, tmp_path, source, sim=LONG)
+    # No periodic checkpoints: what is continued is what the hand-back saved.
+    stack.env.update(EAGLEGEN_CHECKPOINT_TOKENS="0", EAGLEGEN_CHECKPOINT_SECONDS="3600")
+    url = stack.simulator("--time-per-token", "0.03", *LONG)
+    stopping = stack.worker(concurrency=3, EAGLEGEN_SHUTDOWN_GRACE="1")
+    stack.enqueue(source)
+    wait_for(lambda: stack.store.counts().in_flight == 3, 30, "the worker to lease 3 samples")
+    ids = sorted(stack.store.pending_ids())
+    wait_for(lambda: _sim_generated(url) >= 3 * 40, 30, "40 tokens of each answer")
+    stack.procs.stop(stopping)  # SIGTERM: 1 s of grace, then the samples are handed back
+    kept = {i: stack.store.checkpoint(i) for i in ids}
+    assert all(c is not None and c.tokens >= 40 for c in kept.values()), kept
+    stack.worker(concurrency=3)
+    stack.collector()
+    stack.wait_complete()
+    records = stack.lines()
+
+    assert _ids(records) == _ids(expected)
+    for sample_id, [turn] in _turns(records).items():
+        saved = kept[sample_id]
+        assert saved is not None and turn["resumed_from_tokens"] == saved.tokens
+    output = sum(len(t["token_ids"]) for ts in _turns(records).values() for t in ts)
+    assert _sim_generated(url) <= output + 3 * 2  # at most a token or two past each break
+
+
 def test_a_worker_paused_past_its_lease_cannot_overwrite_the_new_holders_checkpoint(
     stack: Stack, redis_url, tmp_path
 ):
@@ -176,6 +231,7 @@ def test_a_worker_paused_past_its_lease_cannot_overwrite_the_new_holders_checkpo
 
 
 def _sim_generated(url: str) -> int:
+    """Tokens the simulator has generated, streams in progress included."""
     import httpx
 
     stats = httpx.get(f"{url}/sim/stats", timeout=5).json()
