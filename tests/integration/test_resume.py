@@ -194,17 +194,23 @@ def test_a_worker_paused_past_its_lease_cannot_overwrite_the_new_holders_checkpo
 ):
     source = _prompts(tmp_path, 1)
     expected = reference(stack.procs, redis_url, tmp_path, source, sim=LONG)
-    stack.env.update(
-        EAGLEGEN_LEASE_TTL="2", EAGLEGEN_RECONCILE_INTERVAL="1", EAGLEGEN_CHECKPOINT_TOKENS="16"
-    )
+    stack.env.update(EAGLEGEN_CHECKPOINT_TOKENS="16")
     stack.simulator("--time-per-token", "0.03", *LONG)
-    paused = stack.worker(concurrency=1)
+    log = tmp_path / f"worker-{len(stack.procs.procs)}.log"
+    # A long lease, renewed every 40 s: when it wakes, its stream reader runs before its
+    # renewer could learn that the sample was taken over, so its next checkpoint meets the fence.
+    paused = stack.worker(
+        concurrency=1, EAGLEGEN_LEASE_TTL="120", EAGLEGEN_RECONCILE_INTERVAL="600"
+    )
     stack.enqueue(source)
     [sample_id] = stack.store.pending_ids()
     wait_for(lambda: stack.store.checkpoint(sample_id) is not None, 30, "a first checkpoint")
     paused.send_signal(signal.SIGSTOP)
     try:
-        stack.worker(concurrency=1)  # takes over once the lease has expired, and resumes
+        # Paused past its lease: a lease's expiry is its score (Redis clock); this stands for
+        # the 120 s without waiting them out.
+        stack.store.r.zadd(stack.store.keys.leases, {sample_id: 0})
+        stack.worker(concurrency=1, EAGLEGEN_LEASE_TTL="2", EAGLEGEN_RECONCILE_INTERVAL="1")
 
         def new_holders() -> bool:
             ckpt = stack.store.checkpoint(sample_id)
@@ -213,8 +219,8 @@ def test_a_worker_paused_past_its_lease_cannot_overwrite_the_new_holders_checkpo
         wait_for(new_holders, 60, "the new holder's checkpoint")
     finally:
         paused.send_signal(signal.SIGCONT)
-    # The paused worker wakes with a stream's worth of unread tokens and a checkpoint due: the
-    # fence refuses it. Its checkpoints started from 0 tokens; the new holder's from one.
+    # The paused worker wakes with a stream's worth of unread tokens and a checkpoint due. Its
+    # checkpoints started from 0 tokens; the new holder's continue one (resumed_from > 0).
     seen = []
 
     def finished_or_watched() -> bool:
@@ -225,6 +231,7 @@ def test_a_worker_paused_past_its_lease_cannot_overwrite_the_new_holders_checkpo
 
     wait_for(finished_or_watched, 60, "the sample to finish", every=0.02)
     assert seen and all(n > 0 for n in seen)
+    wait_for(lambda: "refused: the lease is not ours" in log.read_text(), 30, "the refusal")
     stack.collector()
     stack.wait_complete()
     assert _ids(stack.lines()) == _ids(expected)
