@@ -338,19 +338,10 @@ class _MeteredClient(ChatClient):
         self._limiter = limiter
 
     def complete(
-        self,
-        messages: Messages,
-        params: GenParams,
-        check: Check | None = None,
-        *,
-        turn: int = 0,
-        resume: Checkpoint | None = None,
-        progress: Progress | None = None,
-    ) -> TurnResult:
-        """Generate one turn within the budget; an aborted stream pays what the server spent.
-
-        A resumed turn's usage (the original prompt, all its tokens) is what the continuation
-        cost the server too: its prompt held the tokens it resumed from."""
+        self, messages: Messages, params: GenParams, check: Check | None = None, *,
+        turn: int = 0, resume: Checkpoint | None = None, progress: Progress | None = None,
+    ) -> TurnResult:  # fmt: skip
+        """Generate one turn within the budget; an aborted stream pays what the server spent."""
         prompt = estimate_prompt_tokens(messages)
         reserved = self._limiter.reserve_tokens(prompt + params.max_tokens, check)
         used = reserved  # unknown (an abort of ours): the reservation stands
