@@ -147,11 +147,13 @@ def test_resume_off_generates_the_turn_again(
 
 
 @pytest.mark.parametrize("where", ["reasoning", "content"])
-@pytest.mark.parametrize("no_ids", ["server", "setting"])
+@pytest.mark.parametrize("no_ids", ["server", "setting", "server without a parser"])
 def test_a_turn_without_ids_resumes_from_its_text(
     start_sim: Callable[..., Sim], clients: Callable[..., ChatClient], where: str, no_ids: str
 ) -> None:
-    server = {"token_ids": False} if no_ids == "server" else {}
+    server: dict[str, Any] = {"token_ids": False} if no_ids.startswith("server") else {}
+    if no_ids == "server without a parser":
+        server["reasoning_field"] = "inline"  # <think>...</think> left in the content
     setting = {"token_ids": "off"} if no_ids == "setting" else {}
     params = GenParams()
     unbroken = clients(start_sim(**server, **ONE), **setting).complete(ask(), params)
@@ -164,7 +166,8 @@ def test_a_turn_without_ids_resumes_from_its_text(
     client = clients(sim, **setting)
     checkpoint = broken(client, ask(), params)
     assert checkpoint.token_ids is None and checkpoint.tokens == k
-    assert bool(checkpoint.content) == (where == "content")
+    if "parser" not in no_ids:
+        assert bool(checkpoint.content) == (where == "content")
     resumed = client.complete(ask(), params, turn=0, resume=checkpoint)
     assert (resumed.reasoning, resumed.content) == (unbroken.reasoning, unbroken.content)
     assert resumed.finish_reason == "stop" and resumed.resumed_from_tokens == k
@@ -233,6 +236,13 @@ class Recorder:
         self.last = checkpoint.tokens
 
 
+def inline(saved: Checkpoint) -> str:
+    """The checkpoint's text as the model wrote it, think tags inline."""
+    if not saved.content:
+        return f"<think>{saved.reasoning}"
+    return f"<think>{saved.reasoning}</think>{saved.content}"
+
+
 def raw_tokens(messages: list[dict[str, Any]], sim: Sim) -> list[str]:
     """The text of each token of the simulated answer, tags included."""
     answer = expected_answer(messages, None, sim.cfg)
@@ -257,7 +267,7 @@ def test_progress_is_asked_per_read_and_its_checkpoints_carry_what_streamed(
         assert saved.token_ids == result.token_ids[:n]
         assert saved.prompt_token_ids == result.prompt_token_ids
         # The text is the text of exactly those ids.
-        assert partial_message(saved.reasoning, saved.content) == "".join(tokens[:n])
+        assert inline(saved) == "".join(tokens[:n])
     assert [s.tokens for s in progress.saved] == sorted({s.tokens for s in progress.saved})
 
 
@@ -277,7 +287,7 @@ def test_a_resumed_streams_checkpoints_include_what_it_resumed_from(
     for saved in progress.saved:
         assert saved.resumed_from_tokens == checkpoint.tokens
         assert saved.token_ids == result.token_ids[: saved.tokens]
-        assert partial_message(saved.reasoning, saved.content) == "".join(tokens[: saved.tokens])
+        assert inline(saved) == "".join(tokens[: saved.tokens])
 
 
 def test_no_checkpoint_when_nothing_arrived(
@@ -353,7 +363,11 @@ def test_a_completion_splits_an_open_reasoning_at_the_marker_as_vllms_parser_doe
     assert continue_text("", "<think>r", "", "</think>A", raw=True) == ("", "<think>r</think>A")
 
 
-def test_a_partial_reasoning_goes_back_inline_and_open() -> None:
-    assert partial_message("\nOkay", "") == "<think>\nOkay"
-    assert partial_message("r\n", "\n\nA") == "<think>r\n</think>\n\nA"
-    assert partial_message("", "<think>r</think>A") == "<think>r</think>A"
+def test_a_partial_reasoning_goes_back_inline_and_open_an_answer_with_its_reasoning_apart() -> None:
+    assert partial_message("\nOkay", "") == {"role": "assistant", "content": "<think>\nOkay"}
+    answer = {"role": "assistant", "content": "\n\nA", "reasoning_content": "r\n"}
+    assert partial_message("r\n", "\n\nA") == answer
+    # No parser: the tags were left in the content.
+    assert partial_message("", "<think>r\n</think>\n\nA") == answer
+    assert partial_message("", "<think>r") == {"role": "assistant", "content": "<think>r"}
+    assert partial_message("", "A") == {"role": "assistant", "content": "A"}

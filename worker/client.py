@@ -343,7 +343,7 @@ def continue_body(
     """The chat completion that continues a turn's text: the partial answer as the final
     assistant message, left open (vLLM's ``continue_final_message``), for what is left of
     max_tokens. No ids asked: they would not be the ids the model generated."""
-    partial = {"role": "assistant", "content": partial_message(resume.reasoning, resume.content)}
+    partial = partial_message(resume.reasoning, resume.content)
     body = _chat_fields(model, [*messages, partial], params, max_tokens)
     body["continue_final_message"] = True
     body["add_generation_prompt"] = False
