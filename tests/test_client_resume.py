@@ -99,6 +99,26 @@ def test_a_broken_turn_resumed_from_its_ids_equals_the_unbroken_one(
     assert sim.stats()["tokens_generated"] == len(unbroken.token_ids) + (k - settled)
 
 
+def test_a_turn_broken_twice_resumes_from_its_second_checkpoint(
+    start_sim: Callable[..., Sim], clients: Callable[..., ChatClient]
+) -> None:
+    params = GenParams()
+    unbroken = clients(start_sim(**ONE)).complete(ask(), params)
+    assert unbroken.token_ids is not None
+    sim = start_sim(disconnect_first=2, cut_at=5, **ONE)  # the continuation is dropped too
+    client = clients(sim)
+    first = broken(client, ask(), params)
+    with pytest.raises(errors.Disconnected) as caught:
+        client.complete(ask(), params, resume=first)
+    second = caught.value.checkpoint
+    assert second is not None and second.resumed_from_tokens == first.tokens
+    assert first.tokens < second.tokens <= first.tokens + 5
+    assert second.token_ids == unbroken.token_ids[: second.tokens]
+    assert caught.value.tokens_streamed == 5  # this request's own, not the resumed ones
+    resumed = client.complete(ask(), params, resume=second)
+    same_turn(resumed, unbroken, second.tokens)
+
+
 def test_a_resumed_turn_stops_at_the_same_length_as_the_unbroken_one(
     start_sim: Callable[..., Sim], clients: Callable[..., ChatClient]
 ) -> None:
