@@ -167,3 +167,24 @@ def test_the_command_line_takes_the_knobs(tmp_path: Path) -> None:
         _, sent = dropped(sim.url, "/v1/chat/completions", body)
         assert sent == 4
         assert sim.stats()["faults"] == {"disconnect": 1}
+
+
+def test_an_answer_continued_with_its_reasoning_apart_goes_on_with_the_answer(sim: Sim) -> None:
+    # The client's form once the answer began: the reasoning in reasoning_content (which the
+    # simulated template, like a template that drops old reasoning, leaves out), the answer
+    # so far as the content.
+    full = expected_answer(chat("apart"), None, sim.cfg)
+    partial = "".join(full.content_tokens[:4])
+    message = {"role": "assistant", "content": partial, "reasoning_content": full.reasoning}
+    chunks = stream(
+        sim,
+        "/v1/chat/completions",
+        {
+            "messages": [*chat("apart"), message],
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+        },
+    )
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert not "".join(d.get("reasoning") or "" for d in deltas)
+    assert partial + "".join(d.get("content") or "" for d in deltas) == full.content
