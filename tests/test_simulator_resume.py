@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,6 +22,7 @@ from simulator.answers import expected_answer
 from simulator.config import SimConfig
 from simulator.faults import Fault, FaultPlan
 from simulator.tokenizer import THINK_END
+from tests.harness import Procs, start_simulator
 from tests.test_simulator_server import MODEL, Sim, chat, sim, start_sim
 from tests.test_simulator_token_ids import post, stream, streamed_ids, unbroken
 
@@ -55,13 +57,13 @@ def test_the_config_carries_the_knobs_to_the_plan() -> None:
 # --- over HTTP ------------------------------------------------------------------------------
 
 
-def dropped(sim: Sim, path: str, body: Body) -> tuple[list[Body], int]:
-    """Return the chunks of a stream the server dropped, and how many ids they carried."""
+def dropped(url: str, path: str, body: Body) -> tuple[list[Body], int]:
+    """Return the chunks of a stream the server at `url` dropped, and how many ids they had."""
     chunks: list[Body] = []
     payload = {"model": MODEL, "stream": True, **body}
     with (
         pytest.raises(httpx.RemoteProtocolError),
-        httpx.stream("POST", f"{sim.url}{path}", json=payload, timeout=10) as response,
+        httpx.stream("POST", f"{url}{path}", json=payload, timeout=10) as response,
     ):
         for line in response.iter_lines():
             if line.startswith("data: {"):
@@ -76,7 +78,7 @@ def test_disconnect_first_drops_the_first_attempt_at_the_cut_then_a_continuation
     healthy = start_sim()
     prompt, ids = unbroken(healthy, chat("drop once"))
     body = {"messages": chat("drop once"), "return_token_ids": True}
-    chunks, sent = dropped(sim, "/v1/chat/completions", body)
+    chunks, sent = dropped(sim.url, "/v1/chat/completions", body)
     got = streamed_ids(chunks)
     assert sent == 6 and got == ids[:6]
     # The continuation is the prompt's second attempt: not dropped, and exact.
@@ -88,7 +90,7 @@ def test_disconnect_first_drops_the_first_attempt_at_the_cut_then_a_continuation
     assert got + streamed_ids(rest) == ids
     assert sim.stats()["faults"] == {"disconnect": 1}
     # Another prompt has its own first attempt, dropped too (here without ids: text only).
-    other, _ = dropped(sim, "/v1/chat/completions", {"messages": chat("other")})
+    other, _ = dropped(sim.url, "/v1/chat/completions", {"messages": chat("other")})
     assert other and sim.stats()["faults"] == {"disconnect": 2}
 
 
@@ -155,3 +157,34 @@ def test_a_continuation_is_cut_by_max_tokens_where_the_unbroken_answer_is(sim: S
     ).json()
     assert reply["choices"][0]["token_ids"] == ids[5:]
     assert reply["choices"][0]["finish_reason"] == "length"
+
+
+def test_the_command_line_takes_the_knobs(tmp_path: Path) -> None:
+    # `eaglegen simulate --disconnect-first 1 --cut-at 4`, as the pipeline tests start it.
+    with Procs(tmp_path) as procs:
+        sim = start_simulator(procs, "--disconnect-first", "1", "--cut-at", "4")
+        body = {"messages": chat("by the cli"), "return_token_ids": True}
+        _, sent = dropped(sim.url, "/v1/chat/completions", body)
+        assert sent == 4
+        assert sim.stats()["faults"] == {"disconnect": 1}
+
+
+def test_an_answer_continued_with_its_reasoning_apart_goes_on_with_the_answer(sim: Sim) -> None:
+    # The client's form once the answer began: the reasoning in reasoning_content (which the
+    # simulated template, like a template that drops old reasoning, leaves out), the answer
+    # so far as the content.
+    full = expected_answer(chat("apart"), None, sim.cfg)
+    partial = "".join(full.content_tokens[:4])
+    message = {"role": "assistant", "content": partial, "reasoning_content": full.reasoning}
+    chunks = stream(
+        sim,
+        "/v1/chat/completions",
+        {
+            "messages": [*chat("apart"), message],
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+        },
+    )
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert not "".join(d.get("reasoning") or "" for d in deltas)
+    assert partial + "".join(d.get("content") or "" for d in deltas) == full.content

@@ -212,7 +212,7 @@ class ChatClient:
         checkpoint of what had arrived (``exc.checkpoint``).
         """
         model = self.model()
-        if resume is not None and resume.tokens > 0 and self._settings.resume == "auto":
+        if resume is not None and self._resumable(resume, model):
             resumed = self._continue(messages, params, check, progress, resume, model)
             if resumed is not None:
                 return resumed
@@ -231,6 +231,13 @@ class ChatClient:
             )
         self.ids.answered(result)
         return result
+
+    def _resumable(self, resume: Checkpoint, model: str) -> bool:
+        """Whether to continue from ``resume``: resume on, tokens to continue, the same model
+        (another model's tokens are no prefix of this one's answer)."""
+        if resume.tokens <= 0 or self._settings.resume != "auto":
+            return False
+        return not resume.model or resume.model == model
 
     def _continue(
         self,
@@ -336,7 +343,7 @@ def continue_body(
     """The chat completion that continues a turn's text: the partial answer as the final
     assistant message, left open (vLLM's ``continue_final_message``), for what is left of
     max_tokens. No ids asked: they would not be the ids the model generated."""
-    partial = {"role": "assistant", "content": partial_message(resume.reasoning, resume.content)}
+    partial = partial_message(resume.reasoning, resume.content)
     body = _chat_fields(model, [*messages, partial], params, max_tokens)
     body["continue_final_message"] = True
     body["add_generation_prompt"] = False

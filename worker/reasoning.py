@@ -49,20 +49,26 @@ def finish_text(content: str, reasoning: str | None) -> tuple[str | None, str]:
     return split_inline_think(content)
 
 
-def partial_message(reasoning: str, content: str) -> str:
-    """The assistant message that continues a turn cut short, as the model had written it.
+def partial_message(reasoning: str, content: str) -> dict[str, str]:
+    """The assistant message that continues a turn cut short (``continue_final_message``).
 
-    For ``continue_final_message`` on the chat API: the reasoning goes back inline, as the
-    model wrote it (``<think>``, the reasoning, ``</think>`` once the answer began), since chat
-    templates render an assistant message's content as is (Qwen3's splits a ``</think>`` it
-    finds back into its reasoning block). A reasoning with no answer yet stays open, so the
-    model goes on thinking; a server without a reasoning parser already left its tags inline.
+    A reasoning with no answer yet goes back inline and open (``<think>`` and the reasoning as
+    the content), so the model goes on thinking: templates render such content as is. Once
+    the answer began, the reasoning goes in ``reasoning_content`` (where chat templates such as
+    Qwen3's and DeepSeek's take it from) and the content is the answer so far: a template that
+    rewrites a ``<think>`` block it finds in the content (Qwen3's, normalising its newlines)
+    would leave vLLM unable to find the final message in the prompt (HTTP 400). A server
+    without a reasoning parser left the tags in the content: they are split off the same way.
     """
-    if not reasoning:
-        return content
+    if not reasoning and THINK_CLOSE in content:
+        head, _, content = content.partition(THINK_CLOSE)
+        reasoning = head.partition(THINK_OPEN)[2] if THINK_OPEN in head else head
     if not content:
-        return THINK_OPEN + reasoning
-    return f"{THINK_OPEN}{reasoning}{THINK_CLOSE}{content}"
+        return {"role": "assistant", "content": THINK_OPEN + reasoning if reasoning else ""}
+    message = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    return message
 
 
 def continue_text(
