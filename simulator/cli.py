@@ -92,6 +92,16 @@ def simulate(
     fail_first: Annotated[
         int, Opt(help="The first N attempts of each distinct prompt get HTTP 500.")
     ] = _DEFAULTS.fail_first,
+    disconnect_first: Annotated[
+        int,
+        Opt(
+            help="The next N attempts of each distinct prompt (after --fail-first) drop the "
+            "connection mid-stream; a continuation counts as an attempt of the prompt it continues."
+        ),
+    ] = _DEFAULTS.disconnect_first,
+    cut_at: Annotated[
+        int, Opt(help="Tokens sent before a mid-stream fault (0: a random cut point).")
+    ] = _DEFAULTS.cut_at,
     seed: Annotated[int, Opt(help="Seed of the fault draws.")] = _DEFAULTS.seed,
     log_path: Annotated[
         Path | None, Opt("--log", "--log-path", help="JSONL file, one line per generation end.")
@@ -122,6 +132,8 @@ def simulate(
             p_disconnect=p_disconnect,
             stall_seconds=stall_seconds,
             fail_first=fail_first,
+            disconnect_first=disconnect_first,
+            cut_at=cut_at,
             seed=seed,
             log_path=log_path,
         )

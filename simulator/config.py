@@ -35,6 +35,9 @@ class SimConfig(BaseModel):
     p_disconnect: float = Field(default=0.0, ge=0.0, le=1.0)
     stall_seconds: float = Field(default=3600.0, ge=0.0)
     fail_first: int = Field(default=0, ge=0)  # first N attempts of each prompt get HTTP 500
+    # The next N attempts of each prompt (after fail_first) drop the connection mid-stream.
+    disconnect_first: int = Field(default=0, ge=0)
+    cut_at: int = Field(default=0, ge=0)  # tokens sent before a mid-stream fault; 0 = random
     seed: int = 0
     log_path: Path | None = None  # JSONL, one line per generation end
 

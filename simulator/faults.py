@@ -25,25 +25,43 @@ MID_STREAM_FAULTS = frozenset({Fault.STALL, Fault.DISCONNECT})
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """Fault policy: the first `fail_first` attempts of each prompt fail, then random faults."""
+    """Fault policy: the first `fail_first` attempts of each prompt get HTTP 500, the next
+    `disconnect_first` drop the connection mid-stream, then random faults."""
 
     fail_first: int = 0
     p_500: float = 0.0
     p_429: float = 0.0
     p_stall: float = 0.0
     p_disconnect: float = 0.0
+    disconnect_first: int = 0
+    cut_at: int = 0  # tokens sent before a mid-stream fault; 0: a random cut point
 
     @classmethod
     def from_config(cls, cfg: SimConfig) -> FaultPlan:
         """Build the plan from the fault fields of a SimConfig."""
-        return cls(cfg.fail_first, cfg.p_500, cfg.p_429, cfg.p_stall, cfg.p_disconnect)
+        return cls(
+            cfg.fail_first, cfg.p_500, cfg.p_429, cfg.p_stall, cfg.p_disconnect,
+            cfg.disconnect_first, cfg.cut_at,
+        )  # fmt: skip
 
     def decide(self, key: str, attempt: int, rng: random.Random) -> Fault:
         """Return the fault for the `attempt`-th (1-based) request of prompt `key`."""
-        # fail_first comes first and is deterministic, so retry tests need no probabilities.
+        # The deterministic faults come first, so retry and resume tests need no probabilities.
+        # A continuation (/v1/completions or continue_final_message) has the key of the chat
+        # it continues, so it counts as that prompt's next attempt.
         if attempt <= self.fail_first:
             return Fault.HTTP_500
+        if attempt <= self.fail_first + self.disconnect_first:
+            return Fault.DISCONNECT
         return self._draw(rng.random())
+
+    def cut(self, n_tokens: int, rng: random.Random) -> int:
+        """Return how many of `n_tokens` are sent before a mid-stream fault."""
+        if self.cut_at:
+            # A fixed cut lets a test break a stream where it wants (in the reasoning, in the
+            # answer); clamped so that the client still sees a truncated answer.
+            return max(1, min(self.cut_at, n_tokens - 1))
+        return cut_point(n_tokens, rng)
 
     def _draw(self, u: float) -> Fault:
         # One uniform draw over stacked intervals: at most one fault per request.

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from simulator.bodies import error_body
 from simulator.delivery import JobResponse, respond_job, stream_job
-from simulator.faults import MID_STREAM_FAULTS, Fault, cut_point, request_rng
+from simulator.faults import MID_STREAM_FAULTS, Fault, request_rng
 from simulator.jobs import ChatRequest, CompletionRequest, ConfigUpdate, Endpoint, Job
 from simulator.plans import Plan, Rejection, chat_plan, completion_plan
 from simulator.state import SimState
@@ -172,6 +172,6 @@ def _build_job(
         output=plan.output,
         reasoning_field=cfg.reasoning_field,
         fault=fault,
-        cut=cut_point(n, rng) if fault in MID_STREAM_FAULTS else n,
+        cut=state.plan.cut(n, rng) if fault in MID_STREAM_FAULTS else n,
         include_usage=include_usage,
     )

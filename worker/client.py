@@ -9,6 +9,11 @@ Errors from httpx and HTTP statuses are translated here, once, into the EagleGen
 
 Token ids (vLLM's ``return_token_ids``) are asked for per ``Settings.token_ids``; whether an
 endpoint gives them is learned from its first answers and remembered (:class:`IdSupport`).
+
+A turn cut short continues from a :class:`~common.models.Checkpoint` (docs/resume-client.md):
+exactly from its token ids on ``/v1/completions``, else from its text with
+``continue_final_message``. While a turn streams, a :class:`Progress` is offered checkpoints,
+and an error that breaks a stream carries the checkpoint of what had arrived.
 """
 
 from __future__ import annotations
@@ -18,19 +23,31 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import httpx2 as httpx  # the HTTP library openai 3.x is built on
 
 from common import errors
-from common.models import GenParams, TurnResult, Usage
+from common.models import Checkpoint, GenParams, TurnResult, Usage
 from common.settings import Settings
-from worker.reasoning import finish_text
+from worker.reasoning import continue_text, finish_text, partial_message
 
 Messages = list[dict[str, Any]]
 Check = Callable[[], None]
 # The JSON scanner at an offset (json.loads would first copy the payload out and re-check it).
 _scan = json.JSONDecoder().raw_decode
+
+
+class Progress(Protocol):
+    """Where a streaming turn's checkpoints go (the worker saves them under the sample's lease).
+
+    ``due`` is asked after every network read, so it must be cheap; ``tokens`` is the turn's
+    total so far, what it resumed from included (as ``Checkpoint.tokens``).
+    """
+
+    def due(self, tokens: int) -> bool: ...
+
+    def save(self, checkpoint: Checkpoint) -> None: ...
 
 
 @contextmanager
@@ -140,6 +157,9 @@ class ChatClient:
         self._model_lock = threading.Lock()
         self.ids = IdSupport(settings.token_ids, endpoint)
         self._chat_url = httpx.URL(f"{endpoint}/chat/completions")
+        self._completions_url = httpx.URL(f"{endpoint}/completions")
+        # Whether the endpoint continues token-id prompts on /v1/completions (None: not tried).
+        self.completions: bool | None = None
         self._models_url = httpx.URL(f"{endpoint}/models")
         timeout = httpx.Timeout(
             connect=settings.connect_timeout, read=settings.stall_timeout, write=60.0, pool=60.0
@@ -176,28 +196,110 @@ class ChatClient:
         return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
 
     def complete(
-        self, messages: Messages, params: GenParams, check: Check | None = None
+        self,
+        messages: Messages,
+        params: GenParams,
+        check: Check | None = None,
+        *,
+        turn: int = 0,
+        resume: Checkpoint | None = None,
+        progress: Progress | None = None,
     ) -> TurnResult:
-        """Generate one assistant turn; ``check`` runs per network read and may raise to abort."""
+        """Generate assistant turn ``turn``, or continue it from ``resume``.
+
+        ``check`` runs per network read and may raise to abort; ``progress`` is offered a
+        checkpoint when it says one is due. An error that breaks the stream carries the
+        checkpoint of what had arrived (``exc.checkpoint``).
+        """
         model = self.model()
+        if resume is not None and self._resumable(resume, model):
+            resumed = self._continue(messages, params, check, progress, resume, model)
+            if resumed is not None:
+                return resumed
         ask = self.ids.ask()
+        body = chat_body(model, messages, params, ask)
         try:
-            turn = self._turn(chat_body(model, messages, params, ask), model, check)
+            result = self._turn(
+                self._chat_url, body, TurnStream(self.endpoint, model, turn), check, progress
+            )
         except errors.BadRequest as exc:
             if not (ask and self.ids.refused(exc)):
                 raise
-            turn = self._turn(chat_body(model, messages, params, False), model, check)
-        self.ids.answered(turn)
-        return turn
+            body = chat_body(model, messages, params, False)
+            result = self._turn(
+                self._chat_url, body, TurnStream(self.endpoint, model, turn), check, progress
+            )
+        self.ids.answered(result)
+        return result
 
-    def _turn(self, body: bytes, model: str, check: Check | None) -> TurnResult:
+    def _resumable(self, resume: Checkpoint, model: str) -> bool:
+        """Whether to continue from ``resume``: resume on, tokens to continue, the same model
+        (another model's tokens are no prefix of this one's answer)."""
+        if resume.tokens <= 0 or self._settings.resume != "auto":
+            return False
+        return not resume.model or resume.model == model
+
+    def _continue(
+        self,
+        messages: Messages,
+        params: GenParams,
+        check: Check | None,
+        progress: Progress | None,
+        resume: Checkpoint,
+        model: str,
+    ) -> TurnResult | None:
+        """The turn continued from its checkpoint; None: start it again (ids required, none)."""
+        left = params.max_tokens - resume.tokens
+        if left <= 0:  # it had already used up max_tokens: nothing to ask for
+            return TurnStream(self.endpoint, model, resume.turn, resume).finished()
+        with_ids = resume.prompt_token_ids is not None and resume.token_ids is not None
+        if with_ids and self.completions is not False:
+            exact = self._continue_ids(params, check, progress, resume, model, left)
+            if exact is not None:
+                return exact
+        if self.ids.mode == "on":
+            return None  # a text continuation has no ids; the turn starts again, with them
+        body = continue_body(model, messages, params, resume, left)
+        stream = TurnStream(self.endpoint, model, resume.turn, resume)
+        return self._turn(self._chat_url, body, stream, check, progress)
+
+    def _continue_ids(
+        self,
+        params: GenParams,
+        check: Check | None,
+        progress: Progress | None,
+        resume: Checkpoint,
+        model: str,
+        left: int,
+    ) -> TurnResult | None:
+        """The exact continuation on /v1/completions; None if the endpoint refuses it."""
+        assert resume.prompt_token_ids is not None and resume.token_ids is not None
+        prompt = resume.prompt_token_ids + resume.token_ids
+        stream = CompletionStream(self.endpoint, model, resume.turn, resume)
+        try:
+            result = self._turn(
+                self._completions_url, completion_body(model, prompt, params, left), stream,
+                check, progress,
+            )  # fmt: skip
+        except (errors.BadRequest, errors.NotFound):
+            # No /v1/completions, or no token-id prompts (SGLang, hosted APIs): remembered,
+            # and continued from the text instead.
+            self.completions = False
+            return None
+        self.completions = True
+        self.ids.answered(result)
+        return result
+
+    def _turn(
+        self, url: httpx.URL, body: bytes, stream: TurnStream, check: Check | None,
+        progress: Progress | None,
+    ) -> TurnResult:  # fmt: skip
         started = time.monotonic()
         deadline = started + self._settings.max_request_time
-        stream = TurnStream(self.endpoint)
         try:
             with (
                 translate_errors(self.endpoint),
-                self._http.stream("POST", self._chat_url, content=body) as response,
+                self._http.stream("POST", url, content=body) as response,
             ):
                 if response.status_code != 200:
                     raise status_error(response.status_code, response.read(), self.endpoint)
@@ -209,12 +311,17 @@ class ChatClient:
                     stream.feed(data)
                     if check is not None:
                         check()
+                    if progress is not None and progress.due(stream.resumed + stream.tokens()):
+                        saved = stream.checkpoint()
+                        if saved is not None:
+                            progress.save(saved)
                     if time.monotonic() > deadline:
                         raise errors.TimeoutError_(f"{self.endpoint}: turn exceeded max time")
-            return stream.result(time.monotonic() - started, model)
+            return stream.result(time.monotonic() - started, stream.model)
         except errors.GenerationError as exc:
             exc.endpoint = exc.endpoint or self.endpoint
             exc.tokens_streamed = stream.tokens()
+            exc.checkpoint = stream.checkpoint()
             raise
 
     def close(self) -> None:
@@ -224,10 +331,50 @@ class ChatClient:
 
 def chat_body(model: str, messages: Messages, params: GenParams, token_ids: bool) -> bytes:
     """The JSON body of one streamed chat completion."""
+    body = _chat_fields(model, messages, params, params.max_tokens)
+    if token_ids:
+        body["return_token_ids"] = True
+    return _encode(body)
+
+
+def continue_body(
+    model: str, messages: Messages, params: GenParams, resume: Checkpoint, max_tokens: int
+) -> bytes:
+    """The chat completion that continues a turn's text: the partial answer as the final
+    assistant message, left open (vLLM's ``continue_final_message``), for what is left of
+    max_tokens. No ids asked: they would not be the ids the model generated."""
+    partial = partial_message(resume.reasoning, resume.content)
+    body = _chat_fields(model, [*messages, partial], params, max_tokens)
+    body["continue_final_message"] = True
+    body["add_generation_prompt"] = False
+    return _encode(body)
+
+
+def completion_body(model: str, prompt: list[int], params: GenParams, max_tokens: int) -> bytes:
+    """The streamed /v1/completions request that continues a turn exactly from its ids: the
+    chat's prompt ids then the ids generated so far, the same sampling, what is left of
+    max_tokens. Special tokens are skipped from the text as on the chat API (vLLM's default),
+    so the text matches; ``</think>`` is not special for the models that use it."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+    return _encode(body)
+
+
+def _chat_fields(
+    model: str, messages: Messages, params: GenParams, max_tokens: int
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
-        "max_tokens": params.max_tokens,
+        "max_tokens": max_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,
         "stream": True,
@@ -235,8 +382,10 @@ def chat_body(model: str, messages: Messages, params: GenParams, token_ids: bool
     }
     if params.chat_template_kwargs:
         body["chat_template_kwargs"] = params.chat_template_kwargs
-    if token_ids:
-        body["return_token_ids"] = True
+    return body
+
+
+def _encode(body: dict[str, Any]) -> bytes:
     return json.dumps(body, ensure_ascii=False).encode()
 
 
@@ -250,8 +399,17 @@ class TurnStream:
     take a slower general path. The CPU per token bounds how many streams a worker holds.
     """
 
-    def __init__(self, endpoint: str) -> None:
+    # Whether the text is the model's raw output (/v1/completions: no reasoning parser).
+    raw = False
+
+    def __init__(
+        self, endpoint: str, model: str = "", turn: int = 0, resume: Checkpoint | None = None
+    ) -> None:
         self.endpoint = endpoint
+        self.model = model
+        self.turn = turn
+        self.resume = resume  # the checkpoint this stream continues, if any
+        self.resumed = resume.tokens if resume is not None else 0
         self.done = False  # [DONE] seen: what follows is read (keep-alive) but not parsed
         self.content: list[str] = []
         self.reasoning: list[str] = []
@@ -260,6 +418,10 @@ class TurnStream:
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] = {}
         self.text_chunks = 0
+        # Ids received up to the last chunk with text: a checkpoint ends there, so that its
+        # text and ids agree (a token held back by the detokenizer, or a trailing end-of-turn
+        # or end-of-reasoning token, is generated again rather than continued from).
+        self.text_ids = 0
         self._rest = b""
 
     def feed(self, data: bytes) -> None:
@@ -318,6 +480,9 @@ class TurnStream:
             self.usage = usage
 
     def _add_choice(self, choice: dict[str, Any]) -> None:
+        ids = choice.get("token_ids")
+        if ids:
+            self.token_ids += ids
         delta = choice.get("delta")
         if delta:
             text = delta.get("content")
@@ -329,9 +494,7 @@ class TurnStream:
                 self.reasoning.append(thought)
             if text or thought:
                 self.text_chunks += 1
-        ids = choice.get("token_ids")
-        if ids:
-            self.token_ids += ids
+                self.text_ids = len(self.token_ids)
         reason = choice.get("finish_reason")
         if reason:
             self.finish_reason = reason
@@ -344,20 +507,98 @@ class TurnStream:
         """The finished turn; a stream without a finish or with an empty answer is an error."""
         if self.finish_reason is None:
             raise errors.Disconnected(f"{self.endpoint}: stream ended without a finish_reason")
-        reasoning, content = finish_text("".join(self.content), "".join(self.reasoning) or None)
+        streamed_reasoning, streamed = self._texts()
+        reasoning, content = finish_text(streamed, streamed_reasoning)
         if not content.strip() and not reasoning and self.finish_reason != "length":
             raise errors.EmptyResponse(f"{self.endpoint}: the model returned an empty answer")
-        with_ids = self.prompt_token_ids is not None
-        usage = Usage(
-            prompt_tokens=self.usage.get("prompt_tokens") or 0,
-            completion_tokens=self.usage.get("completion_tokens") or 0,
-        )
+        prompt_ids, ids = self._ids(len(self.token_ids))
         return TurnResult(
-            content=content, reasoning=reasoning, finish_reason=self.finish_reason, usage=usage,
-            latency_s=round(latency, 3), endpoint=self.endpoint, model=model,
-            prompt_token_ids=self.prompt_token_ids,
-            token_ids=self.token_ids if with_ids else None,
+            content=content, reasoning=reasoning, finish_reason=self.finish_reason,
+            usage=self._usage(), latency_s=round(latency, 3), endpoint=self.endpoint,
+            model=model, prompt_token_ids=prompt_ids, token_ids=ids,
+            resumed_from_tokens=self.resumed,
         )  # fmt: skip
+
+    def finished(self) -> TurnResult:
+        """The resumed turn when its checkpoint had already used up max_tokens."""
+        assert self.resume is not None
+        self.finish_reason = "length"
+        self.prompt_token_ids = self.resume.prompt_token_ids  # no new ids, and none missing
+        return self.result(0.0, self.model)
+
+    def checkpoint(self) -> Checkpoint | None:
+        """What the turn has generated so far, what it resumed from included; None if nothing.
+
+        Ends at the last chunk with text (see ``text_ids``). A resumed stream that got
+        nothing new gives back the checkpoint it started from.
+        """
+        if not self.text_chunks:
+            return self.resume
+        reasoning, content = self._texts()
+        prompt_ids, ids = self._ids(self.text_ids)
+        new = self.text_ids if self.prompt_token_ids is not None else self.text_chunks
+        return Checkpoint(
+            turn=self.turn, endpoint=self.endpoint, model=self.model,
+            prompt_token_ids=prompt_ids, token_ids=ids, content=content, reasoning=reasoning,
+            tokens=self.resumed + new, resumed_from_tokens=self.resumed,
+        )  # fmt: skip
+
+    def _texts(self) -> tuple[str, str]:
+        """(reasoning, content) so far, as streamed: inline reasoning tags not yet split."""
+        reasoning, content = "".join(self.reasoning), "".join(self.content)
+        if self.resume is None:
+            return reasoning, content
+        resume = self.resume
+        return continue_text(resume.reasoning, resume.content, reasoning, content, self.raw)
+
+    def _ids(self, end: int) -> tuple[list[int] | None, list[int] | None]:
+        """(prompt ids, completion ids up to ``end`` of this stream's): the original prompt's
+        and the whole turn's, or (None, None) where the server gave none."""
+        if self.prompt_token_ids is None:
+            return None, None
+        if self.resume is None:
+            return self.prompt_token_ids, self.token_ids[:end]
+        prompt, before = self.resume.prompt_token_ids, self.resume.token_ids
+        if prompt is None or before is None:
+            return None, None
+        return prompt, before + self.token_ids[:end]
+
+    def _usage(self) -> Usage:
+        """The turn's usage: a resumed turn counts what it resumed from as generated by it,
+        and its prompt is the original one, not the continuation's."""
+        prompt = self.usage.get("prompt_tokens") or 0
+        done = self.usage.get("completion_tokens") or 0
+        resume = self.resume
+        if resume is None:
+            return Usage(prompt_tokens=prompt, completion_tokens=done)
+        if resume.prompt_token_ids is not None:
+            prompt = len(resume.prompt_token_ids)
+        else:  # the continuation's prompt held the partial text: about its tokens more
+            prompt = max(0, prompt - resume.tokens)
+        return Usage(prompt_tokens=prompt, completion_tokens=resume.tokens + done)
+
+
+class CompletionStream(TurnStream):
+    """A streamed /v1/completions (the exact continuation of a turn): raw text in
+    ``choices[].text``; vLLM puts the ids in the choice, the prompt ids in the first one's."""
+
+    raw = True
+
+    def _add_choice(self, choice: dict[str, Any]) -> None:
+        ids = choice.get("token_ids")
+        if ids:
+            self.token_ids += ids
+        text = choice.get("text")
+        if text:
+            self.content.append(text)
+            self.text_chunks += 1
+            self.text_ids = len(self.token_ids)
+        prompt = choice.get("prompt_token_ids")
+        if prompt is not None:
+            self.prompt_token_ids = prompt
+        reason = choice.get("finish_reason")
+        if reason:
+            self.finish_reason = reason
 
 
 def _data_field(block: str) -> str | None:

@@ -24,12 +24,12 @@ import redis
 
 from common import errors
 from common.logs import secrets_of
-from common.models import GenParams, TurnResult
+from common.models import Checkpoint, GenParams, TurnResult
 from common.redact import redact
 from common.settings import Settings
 from worker.adaptive import AdaptiveDriver
 from worker.capacity import CapacityUnavailable, FreeSignal, Routed, Slot, SlotTable
-from worker.client import ChatClient, Messages
+from worker.client import ChatClient, Messages, Progress
 from worker.health import EndpointHealth, counts_against
 from worker.ratelimit import RateLimiter
 from worker.routing import Route, RouteHint, plan
@@ -338,16 +338,19 @@ class _MeteredClient(ChatClient):
         self._limiter = limiter
 
     def complete(
-        self, messages: Messages, params: GenParams, check: Check | None = None
-    ) -> TurnResult:
+        self, messages: Messages, params: GenParams, check: Check | None = None, *,
+        turn: int = 0, resume: Checkpoint | None = None, progress: Progress | None = None,
+    ) -> TurnResult:  # fmt: skip
         """Generate one turn within the budget; an aborted stream pays what the server spent."""
         prompt = estimate_prompt_tokens(messages)
         reserved = self._limiter.reserve_tokens(prompt + params.max_tokens, check)
         used = reserved  # unknown (an abort of ours): the reservation stands
         try:
-            turn = super().complete(messages, params, check)
-            used = turn.usage.prompt_tokens + turn.usage.completion_tokens
-            return turn
+            result = super().complete(
+                messages, params, check, turn=turn, resume=resume, progress=progress
+            )
+            used = result.usage.prompt_tokens + result.usage.completion_tokens
+            return result
         except errors.GenerationError as exc:
             used = prompt + exc.tokens_streamed  # the server spent them: the budget did too
             raise
