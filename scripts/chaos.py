@@ -328,7 +328,9 @@ class Chaos:
         per_file = [Counter(r["id"] for r in f) for f in files]
         ids = Counter({i: 1 for c in per_file for i in c})
         written = store.counts().written
-        generations = self._generations()
+        events = self._sim_events()
+        generations = Counter(e["key"] for e in events if e.get("event") == "completed")
+        waste = gpu_waste(events, {r["id"]: r for r in lines})
         in_flight_at_kills = sum(len(k.held) for k in self.kills)
         wasted = sum(n - 1 for n in generations.values() if n > 1)
         recoveries = [k.recovered_s for k in self.kills if k.recovered_s is not None and k.held]
@@ -350,6 +352,7 @@ class Chaos:
             "answers_not_matching_prompt": self._mismatched(lines),
             "generations": sum(generations.values()),
             "duplicate_generations": wasted, "in_flight_at_kills": in_flight_at_kills,
+            **waste,
             "kills": [{"what": k.what, "held": len(k.held), "recovered_s": k.recovered_s}
                       for k in self.kills],
             "worker_kills": sum(k.what.startswith("worker") for k in self.kills),
@@ -369,10 +372,9 @@ class Chaos:
         logs = self.procs.logs()
         return first.poll() == 1 and "lost the collector lock" in logs
 
-    def _generations(self) -> Counter[str]:
+    def _sim_events(self) -> list[dict[str, Any]]:
         log = self.dir / "sim-log.jsonl"
-        events = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
-        return Counter(e["key"] for e in events if e.get("event") == "completed")
+        return [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
 
     @staticmethod
     def _mismatched(lines: list[dict[str, Any]]) -> int:
@@ -383,6 +385,20 @@ class Chaos:
             key = prompt_key([{"role": "user", "content": user["content"]}])
             bad += not answer["content"].startswith(f"[{key}]")
         return bad
+
+
+def gpu_waste(events: list[dict[str, Any]], records: dict[str, Any]) -> dict[str, Any]:
+    """Tokens the server generated that are not in the output, over the tokens in the output.
+
+    The simulator logs every generation's end, finished or cut (a kill, a stall, a dropped
+    connection), with the tokens it streamed; the output's tokens are the records' own.
+    """
+    generated = sum(int(e.get("completion_tokens") or 0) for e in events)
+    kept = sum(r["generation"]["usage"]["completion_tokens"] for r in records.values())
+    return {
+        "tokens_generated": generated, "tokens_in_output": kept,
+        "gpu_waste_pct": round(100 * (generated - kept) / kept, 2) if kept else None,
+    }  # fmt: skip
 
 
 def verdict(r: dict[str, Any]) -> list[str]:

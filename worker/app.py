@@ -19,6 +19,7 @@ from worker import kombu_fix
 from worker.clock_watch import ClockWatch
 from worker.config import celery_config
 from worker.endpoints import EndpointPool
+from worker.lean_messages import LeanAMQP
 from worker.leases import LeaseKeeper
 from worker.observe import Observer
 from worker.processing import SampleProcessor
@@ -71,7 +72,8 @@ class EagleGenCelery(Celery):  # type: ignore[misc]
     settings: Settings
 
     def __init__(self, settings: Settings) -> None:
-        super().__init__("eaglegen", set_as_current=False)
+        # LeanAMQP: task messages without Celery's empty fields (~40% of a queued sample's bytes).
+        super().__init__("eaglegen", set_as_current=False, amqp=LeanAMQP)
         self.settings = settings
         self.conf.update(celery_config(settings))
         self._parts: WorkerParts | None = None

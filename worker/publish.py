@@ -33,8 +33,7 @@ def _publish(app: Celery, queue: str, run: str, ids: Iterable[str], priority: in
             args = task_args(run, sample_id)
             app.send_task(
                 GENERATE_TASK, args=args, queue=queue, producer=producer, priority=priority,
-                # Declared with the first message; and two short strings need no saferepr.
-                declare=None if sent == 0 else [], argsrepr=repr(args), kwargsrepr="{}",
+                declare=None if sent == 0 else [],  # declared with the first message
             )  # fmt: skip
             sent += 1
     return sent
