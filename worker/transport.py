@@ -118,13 +118,14 @@ class Connections:
         closed (an unread body would be read by the next request).
         """
         conn = self._acquire(timeout)
-        reusable = False
+        response = None
         try:
             response = Response(self._send(conn, method, urlsplit(url).path, content))
             yield response
-            reusable = response.complete and conn.sock is not None  # None: server said close
         finally:
-            if reusable:
+            # A body read to its end leaves the connection clean, even when the caller then
+            # raised (an error status); no socket left means the server said close.
+            if response is not None and response.complete and conn.sock is not None:
                 self._release(conn)
             else:
                 conn.close()
@@ -201,6 +202,8 @@ def _reading() -> Iterator[None]:
         raise ReadTimeout(str(exc) or "timed out") from exc
     except ssl.SSLError as exc:
         raise Dropped(f"TLS: {exc}") from exc
+    except zlib.error as exc:  # a compressed body that does not decompress
+        raise ValueError(f"undecodable body: {exc}") from exc
     except (OSError, http.client.HTTPException) as exc:  # reset, IncompleteRead, bad framing
         raise Dropped(repr(exc)) from exc
 
