@@ -1,9 +1,11 @@
 """The chat client's HTTP transport against the real simulator over loopback: error statuses and
 their bodies, a stalled or dropped stream, a refused connection, TLS, an idle connection the
-server closed, and one connection per concurrent stream shared by threads."""
+server closed, one connection per concurrent stream shared by threads, a gzipped stream."""
 
 from __future__ import annotations
 
+import gzip
+import http.server
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ from simulator.config import SimConfig
 from simulator.server import SimServer, create_app
 from tests.harness import Procs, free_port, start_simulator, wait_for
 from tests.test_client_keepalive import CountingProxy
+from tests.test_client_sse import VLLM
 from worker.client import ChatClient
 
 ASK = [{"role": "user", "content": "hello"}]
@@ -182,3 +185,38 @@ def test_requests_carry_the_api_key(tmp_path):
     sent = bytes(proxy.sent).lower()
     assert b"\r\nauthorization: bearer sk-test-key\r\n" in sent
     assert b"post /v1/chat/completions http/1.1\r\n" in sent
+
+
+def test_a_compressed_stream_from_a_proxy_is_decoded():
+    """A proxy may gzip the stream although the request asks for identity."""
+    body = gzip.compress(VLLM)
+
+    class Gzipping(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gzipping)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = client_for(f"http://127.0.0.1:{server.server_address[1]}/v1", model="m")
+    try:
+        turn = client.complete(ASK, GenParams())
+        assert (turn.reasoning, turn.content, turn.token_ids) == (
+            "Think hard",
+            "Hé ✓",
+            [258, 300, 301, 259, 400, 401, 257],
+        )
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()

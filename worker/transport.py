@@ -76,6 +76,9 @@ class Response:
         if decoder:
             yield decoder.flush()
 
+    # httpx's name for the decoded body: the same here, a gzip/deflate body is always decoded.
+    iter_bytes = iter_raw
+
     def read(self) -> bytes:
         """The whole body."""
         return b"".join(self.iter_raw())
