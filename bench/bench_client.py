@@ -12,13 +12,20 @@ this process's CPU time (``time.process_time``; the simulator is another process
 * paced: ``--threads`` concurrent streams, the simulator pacing ``--pace`` seconds per token, so
   that every token arrives on its own (one read, one wake-up each), as from vLLM;
 * requests: sequential requests through the old client (the openai SDK's request building and
-  the old reader) and through :class:`worker.client.ChatClient`, with one-token answers (the
-  per-request cost) and ``--tokens``-token answers (the per-token cost is the difference);
-  "httpx only" reads the same responses through httpx and parses nothing, the floor under
-  any parser (httpx's HTTP/1.1 layer, h11, handles each event as one HTTP chunk).
+  the old reader), through "httpx" (today's request and decoder, :class:`TurnStream`, on the
+  httpx transport ChatClient had before worker/transport.py) and through
+  :class:`worker.client.ChatClient` ("new": ``http.client`` keep-alive connections), with
+  two-token answers (the per-request cost) and ``--tokens``-token answers (the per-token cost
+  is the difference), each event in a read of its own; "coalesced": the same long answers with
+  a 50 ms pause at the first read (the per-read check), so the rest of the answer waits in the
+  socket and later socket reads carry many events, as under load; "httpx only" and "transport only"
+  read the same responses through httpx or worker.transport and parse nothing: the floor of
+  each transport (httpx's HTTP/1.1 layer, h11, handles each event as one HTTP chunk;
+  ``http.client`` reads one in a few C calls).
 
-Old and new alternate within each round, so machine noise hits both alike; figures are the
-median over the rounds. The old client is kept below as a reference, as it was at 1b32beb.
+All clients alternate within each round, so machine noise hits them alike; figures are the
+median over the rounds. The old clients are kept below as references: the SDK one as it was at
+1b32beb, the httpx one as ChatClient._turn read before worker/transport.py.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from common.settings import Settings
 from tests.harness import Procs, start_simulator
 from worker.client import ChatClient, TurnStream, chat_body
 from worker.reasoning import delta_reasoning
+from worker.transport import Connections
 
 # --- the old client, as a reference ------------------------------------------------------
 
@@ -121,6 +129,32 @@ class OldClient:
         self._client.close()
 
 
+class HttpxClient:
+    """ChatClient's request path on httpx, as before worker/transport.py: same body, same
+    decoder, httpx's stream read raw to its end (one keep-alive connection)."""
+
+    def __init__(self, endpoint: str, model: str) -> None:
+        self.model = model
+        self.url = f"{endpoint}/chat/completions"
+        headers = {"Authorization": "Bearer EMPTY", "Content-Type": "application/json"}
+        self._http = httpx.Client(headers=headers)
+
+    def complete(
+        self, messages: list[dict[str, Any]], params: GenParams, check: Check | None = None
+    ) -> int:
+        body = chat_body(self.model, messages, params, True)
+        stream = TurnStream("bench")
+        with self._http.stream("POST", self.url, content=body) as response:
+            for data in response.iter_raw():
+                stream.feed(data)
+                if check is not None:
+                    check()
+        return stream.result(0.0, self.model).usage.completion_tokens
+
+    def close(self) -> None:
+        self._http.close()
+
+
 # --- the measurements --------------------------------------------------------------------
 
 
@@ -178,47 +212,87 @@ def parser_rows(endpoint: str, model: str, rounds: int, repeat: int) -> list[str
     return rows
 
 
-Complete = Callable[[list[dict[str, Any]], GenParams], int]
+Check = Callable[[], None]
+Complete = Callable[[list[dict[str, Any]], GenParams, Check | None], int]
+
+
+def pause_once() -> Check:
+    """A per-read check that waits 50 ms once: what follows piles up, later reads coalesce."""
+    paused: list[bool] = []
+
+    def check() -> None:
+        if not paused:
+            paused.append(True)
+            time.sleep(0.05)
+
+    return check
 
 
 def clients(endpoint: str, model: str, threads: int) -> tuple[dict[str, Complete], list[Any]]:
-    """The three clients to compare, each a call returning the completion tokens."""
+    """The clients to compare, each a call returning the completion tokens."""
     settings = Settings(endpoints=[endpoint], model=model, concurrency=threads)
     new = ChatClient(endpoint, settings)
     text = ChatClient(endpoint, settings.model_copy(update={"token_ids": "off"}))
-    old = OldClient(endpoint, model)
+    old, on_httpx = OldClient(endpoint, model), HttpxClient(endpoint, model)
     raw = httpx.Client()
+    conns = Connections(endpoint, {"Content-Type": "application/json"}, 10, 60, threads)
+    url = f"{endpoint}/chat/completions"
 
-    def transport(messages: list[dict[str, Any]], params: GenParams) -> int:
-        """The bytes read through httpx and nothing parsed: the floor under any parser."""
-        body = chat_body(model, messages, params, True)
-        with raw.stream("POST", f"{endpoint}/chat/completions", content=body) as response:
-            events = sum(data.count(b"data: ") for data in response.iter_raw())
+    def count(reads: Iterable[bytes], check: Check | None) -> int:
+        events = 0
+        for data in reads:
+            events += data.count(b"data: ")
+            if check is not None:
+                check()
         return events - 4  # less the role, finish, usage and [DONE] events: the tokens
 
+    def httpx_only(messages: list[dict[str, Any]], params: GenParams, check: Check | None) -> int:
+        """The bytes read through httpx and nothing parsed: the floor under any parser."""
+        body = chat_body(model, messages, params, True)
+        with raw.stream("POST", url, content=body) as response:
+            return count(response.iter_raw(), check)
+
+    def transport_only(
+        messages: list[dict[str, Any]], params: GenParams, check: Check | None
+    ) -> int:
+        """The same through worker.transport (http.client)."""
+        body = chat_body(model, messages, params, True)
+        with conns.stream("POST", url, content=body) as response:
+            return count(response.iter_raw(), check)
+
     calls: dict[str, Complete] = {
-        "old": old.complete,
-        "new": lambda m, p: new.complete(m, p).usage.completion_tokens,
-        "new, ids off": lambda m, p: text.complete(m, p).usage.completion_tokens,
-        "httpx only": transport,
+        "old": lambda m, p, c: old.complete(m, p),  # no per-read hook: never coalesced here
+        "httpx": on_httpx.complete,
+        "new": lambda m, p, c: new.complete(m, p, c).usage.completion_tokens,
+        "new, ids off": lambda m, p, c: text.complete(m, p, c).usage.completion_tokens,
+        "httpx only": httpx_only,
+        "transport only": transport_only,
     }
-    return calls, [old, new, text, raw]
+    return calls, [old, on_httpx, new, text, raw, conns]
 
 
 def request_rows(endpoint: str, model: str, rounds: int, requests: int) -> list[str]:
     calls, closers = clients(endpoint, model, 1)
-    shapes = {"short": GenParams(max_tokens=2), "long": GenParams(max_tokens=1000)}
+    long = GenParams(max_tokens=1000)
+    # shape: (params, the per-read check's factory)
+    shapes: dict[str, tuple[GenParams, Callable[[], Check | None]]] = {
+        "short": (GenParams(max_tokens=2), lambda: None),
+        "long": (long, lambda: None),
+        "coalesced": (long, pause_once),
+    }
     per: dict[tuple[str, str], list[float]] = {}
     tokens: dict[tuple[str, str], int] = {}
     try:
         for _ in range(rounds):
-            for shape, params in shapes.items():
+            for shape, (params, check) in shapes.items():
                 messages = [{"role": "user", "content": f"bench {shape}"}]
                 n = requests if shape == "short" else max(requests // 10, 3)
                 for side, complete in calls.items():
-                    tokens[(shape, side)] = complete(messages, params)
-                    seconds = cpu(lambda c=complete, m=messages, p=params: c(m, p), n) / n
-                    per.setdefault((shape, side), []).append(seconds)
+                    if shape == "coalesced" and side == "old":
+                        continue
+                    tokens[(shape, side)] = complete(messages, params, check())
+                    work = lambda c=complete, m=messages, p=params, k=check: c(m, p, k())  # noqa: E731
+                    per.setdefault((shape, side), []).append(cpu(work, n) / n)
     finally:
         for client in closers:
             client.close()
@@ -227,15 +301,22 @@ def request_rows(endpoint: str, model: str, rounds: int, requests: int) -> list[
     for side in calls:
         extra = tokens[("long", side)] - tokens[("short", side)]
         per_token = (med[("long", side)] - med[("short", side)]) / extra
-        figures[side] = (med[("short", side)], per_token)
+        together = (med.get(("coalesced", side), 0.0) - med[("short", side)]) / extra
+        figures[side] = (med[("short", side)], per_token, together)
         rows.append(
-            f"requests {side:13s}: {med[('short', side)] * 1e3:.3f} ms CPU per request "
+            f"requests {side:14s}: {med[('short', side)] * 1e3:.3f} ms CPU per request "
             f"({tokens[('short', side)]}-token answers), {per_token * 1e6:.1f} us per extra "
             f"streamed token ({tokens[('long', side)]}-token answers)"
+            + (f", coalesced {together * 1e6:.1f} us" if side != "old" else "")
         )
-    for side in ("new", "new, ids off", "httpx only"):
+    for side in ("httpx", "new", "new, ids off", "httpx only", "transport only"):
         request, token = (figures[side][i] / figures["old"][i] for i in (0, 1))
         rows.append(f"requests {side}/old: per request {request:.2f}, per token {token:.2f}")
+    request, token, together = (figures["new"][i] / figures["httpx"][i] for i in (0, 1, 2))
+    rows.append(
+        f"requests new/httpx: per request {request:.2f}, per token {token:.2f}, "
+        f"coalesced per token {together:.2f}"
+    )
     return rows
 
 
@@ -250,15 +331,16 @@ def paced_rows(endpoint: str, model: str, rounds: int, threads: int) -> list[str
                 for side, complete in calls.items():
                     asks = [[{"role": "user", "content": f"paced {r} {i}"}] for i in range(threads)]
                     start = time.process_time()
-                    tokens = sum(pool.map(lambda m, c=complete: c(m, params), asks))
+                    tokens = sum(pool.map(lambda m, c=complete: c(m, params, None), asks))
                     per.setdefault(side, []).append((time.process_time() - start) / tokens)
     finally:
         for client in closers:
             client.close()
     med = {side: statistics.median(v) for side, v in per.items()}
-    rows = [f"paced {side:13s}: {med[side] * 1e6:.1f} us CPU per token" for side in med]
-    for side in ("new", "new, ids off", "httpx only"):
+    rows = [f"paced {side:14s}: {med[side] * 1e6:.1f} us CPU per token" for side in med]
+    for side in ("httpx", "new", "new, ids off", "httpx only", "transport only"):
         rows.append(f"paced {side}/old: {med[side] / med['old']:.2f}")
+    rows.append(f"paced new/httpx: {med['new'] / med['httpx']:.2f}")
     return rows
 
 

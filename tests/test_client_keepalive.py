@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
@@ -12,11 +13,15 @@ from worker.client import ChatClient
 
 
 class CountingProxy:
-    """A loopback TCP forwarder that counts the connections clients open through it."""
+    """A loopback TCP forwarder that counts the connections clients open through it, keeps
+    what clients sent, and can drop every connection (as a server's keep-alive timeout)."""
 
     def __init__(self, target_port: int) -> None:
         self.target = ("127.0.0.1", target_port)
         self.accepted = 0
+        self.sent = bytearray()  # what clients sent, all connections together
+        self.open: list[socket.socket] = []
+        self.clients: set[socket.socket] = set()
         self.listener = socket.create_server(("127.0.0.1", free_port()))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -29,14 +34,27 @@ class CountingProxy:
                 return
             self.accepted += 1
             upstream = socket.create_connection(self.target)
+            self.open += [client, upstream]
+            self.clients.add(client)
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         with src, dst:
-            while data := src.recv(65536):
-                dst.sendall(data)
+            try:
+                while data := src.recv(65536):
+                    if src in self.clients:
+                        self.sent += data
+                    dst.sendall(data)
+            except OSError:
+                pass  # dropped by drop_all
+
+    def drop_all(self) -> None:
+        """Shut every open connection down, both sides."""
+        for sock in self.open:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self.open.clear()
 
     def close(self) -> None:
         self.listener.close()

@@ -1,11 +1,13 @@
 """The one place that talks HTTP to an OpenAI-compatible server.
 
-A thin client on httpx: the request body is one ``json.dumps`` and the stream is read by one
-decoder (:class:`TurnStream`), bytes in, the turn out. The openai SDK's request building cost
-about 1 ms per request and its line reader about 15 us per streamed token (bench/bench_client.py).
-Requests are streamed: httpx's read timeout is the stall timeout (no byte for N seconds), so a
-slow generation that keeps producing tokens is never cut, while a dead stream is noticed.
-Errors from httpx and HTTP statuses are translated here, once, into the EagleGen exception tree.
+A thin client: the request body is one ``json.dumps``, the HTTP is :mod:`worker.transport`
+(keep-alive connections on ``http.client``) and the stream is read by one decoder
+(:class:`TurnStream`), bytes in, the turn out. The openai SDK's request building cost about 1 ms
+per request, its line reader about 15 us per streamed token, httpx's HTTP layer about 18 us per
+streamed token (bench/bench_client.py). Requests are streamed: the read timeout is the stall
+timeout (no byte for N seconds), so a slow generation that keeps producing tokens is never cut,
+while a dead stream is noticed. Transport errors and HTTP statuses are translated here, once,
+into the EagleGen exception tree.
 
 Token ids (vLLM's ``return_token_ids``) are asked for per ``Settings.token_ids``; whether an
 endpoint gives them is learned from its first answers and remembered (:class:`IdSupport`).
@@ -25,11 +27,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-import httpx2 as httpx  # the HTTP library openai 3.x is built on
-
 from common import errors
 from common.models import Checkpoint, GenParams, TurnResult, Usage
 from common.settings import Settings
+from worker import transport
 from worker.reasoning import continue_text, finish_text, partial_message
 
 Messages = list[dict[str, Any]]
@@ -52,20 +53,20 @@ class Progress(Protocol):
 
 @contextmanager
 def translate_errors(endpoint: str) -> Iterator[None]:
-    """Map httpx exceptions and undecodable bodies to transient EagleGen errors."""
+    """Map transport exceptions and undecodable bodies to transient EagleGen errors."""
     try:
         yield
     except errors.EagleGenError:
         raise
-    except (httpx.ConnectTimeout, httpx.PoolTimeout, httpx.WriteTimeout) as exc:
+    except transport.ConnectTimeout as exc:
         raise errors.TimeoutError_(f"{endpoint}: timed out connecting") from exc
-    except httpx.ReadTimeout as exc:
+    except transport.ReadTimeout as exc:
         raise errors.StallError(f"{endpoint}: stream stalled (no data within the timeout)") from exc
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+    except transport.Dropped as exc:
         raise errors.Disconnected(f"{endpoint}: connection dropped mid-response: {exc}") from exc
-    except httpx.TransportError as exc:
+    except transport.ConnectFailed as exc:
         raise errors.ConnectError(f"{endpoint}: cannot connect: {exc}") from exc
-    except (httpx.HTTPError, ValueError) as exc:  # a body that is not OpenAI JSON
+    except ValueError as exc:  # a body that is not OpenAI JSON
         raise errors.BadResponse(f"{endpoint}: response is not OpenAI JSON: {exc}") from exc
 
 
@@ -156,22 +157,19 @@ class ChatClient:
         self._model = settings.model
         self._model_lock = threading.Lock()
         self.ids = IdSupport(settings.token_ids, endpoint)
-        self._chat_url = httpx.URL(f"{endpoint}/chat/completions")
-        self._completions_url = httpx.URL(f"{endpoint}/completions")
+        self._chat_url = f"{endpoint}/chat/completions"
+        self._completions_url = f"{endpoint}/completions"
         # Whether the endpoint continues token-id prompts on /v1/completions (None: not tried).
         self.completions: bool | None = None
-        self._models_url = httpx.URL(f"{endpoint}/models")
-        timeout = httpx.Timeout(
-            connect=settings.connect_timeout, read=settings.stall_timeout, write=60.0, pool=60.0
-        )
-        limits = httpx.Limits(
-            max_connections=settings.concurrency + 8, max_keepalive_connections=settings.concurrency
-        )
+        self._models_url = f"{endpoint}/models"
         headers = {
             "Authorization": f"Bearer {settings.api_key_value()}",  # vLLM expects one, even unset
             "Content-Type": "application/json",
         }
-        self._http = httpx.Client(timeout=timeout, limits=limits, headers=headers)
+        self._http = transport.Connections(
+            endpoint, headers, settings.connect_timeout, settings.stall_timeout,
+            max_idle=settings.concurrency,
+        )  # fmt: skip
 
     def model(self) -> str:
         """The model to ask for: configured, or the first one the server lists."""
@@ -187,12 +185,12 @@ class ChatClient:
         """One cheap request (GET /models) that raises the EagleGen error if the server is down."""
         self._models(timeout)
 
-    def _models(self, timeout: Any = httpx.USE_CLIENT_DEFAULT) -> list[dict[str, Any]]:
+    def _models(self, timeout: float | None = None) -> list[dict[str, Any]]:
         with translate_errors(self.endpoint):
-            response = self._http.get(self._models_url, timeout=timeout)
-            if response.status_code != 200:
-                raise status_error(response.status_code, response.content, self.endpoint)
-            data = response.json().get("data")
+            status, content = self._http.get(self._models_url, timeout=timeout)
+            if status != 200:
+                raise status_error(status, content, self.endpoint)
+            data = json.loads(content).get("data")
         return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
 
     def complete(
@@ -291,7 +289,7 @@ class ChatClient:
         return result
 
     def _turn(
-        self, url: httpx.URL, body: bytes, stream: TurnStream, check: Check | None,
+        self, url: str, body: bytes, stream: TurnStream, check: Check | None,
         progress: Progress | None,
     ) -> TurnResult:  # fmt: skip
         started = time.monotonic()
@@ -304,10 +302,8 @@ class ChatClient:
                 if response.status_code != 200:
                     raise status_error(response.status_code, response.read(), self.endpoint)
                 # Read to the end of the body, past [DONE]: a response left unread closes its
-                # connection, and every request would pay a new one (the server too). Raw
-                # bytes unless a proxy compressed them (skips httpx's decoder, ~1 us a token).
-                coded = "content-encoding" in response.headers
-                for data in response.iter_bytes() if coded else response.iter_raw():
+                # connection, and every request would pay a new one (the server too).
+                for data in response.iter_raw():
                     stream.feed(data)
                     if check is not None:
                         check()
