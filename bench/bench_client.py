@@ -7,7 +7,7 @@ this process's CPU time (``time.process_time``; the simulator is another process
 
 * parser: one recorded stream of ``--tokens`` tokens parsed again and again from memory, by the
   old reader (httpx ``iter_lines``, ``json.loads`` with an attribute-dict hook, the old
-  accumulator) and by :class:`worker.client.TurnStream`; once with one event per read (vLLM
+  accumulator) and by :class:`worker.stream.TurnStream`; once with one event per read (vLLM
   paced at its real speed) and once with the reads as they came off the socket;
 * paced: ``--threads`` concurrent streams, the simulator pacing ``--pace`` seconds per token, so
   that every token arrives on its own (one read, one wake-up each), as from vLLM;
@@ -49,8 +49,9 @@ import openai
 from common.models import GenParams
 from common.settings import Settings
 from tests.harness import Procs, start_simulator
-from worker.client import ChatClient, TurnStream, chat_body
+from worker.client import ChatClient, chat_body
 from worker.reasoning import delta_reasoning
+from worker.stream import TurnStream
 from worker.transport import Connections
 
 # --- the old client, as a reference ------------------------------------------------------

@@ -40,7 +40,8 @@ import httpx2 as httpx
 from common.models import GenParams
 from common.settings import Settings
 from tests.harness import Procs, start_simulator
-from worker.client import ChatClient, TurnStream, chat_body
+from worker.client import ChatClient, chat_body
+from worker.stream import TurnStream
 from worker.transport import Connections
 
 try:

@@ -1,0 +1,239 @@
+"""The one decoder of a streamed completion: bytes in, the turn (or its checkpoint) out.
+
+:class:`TurnStream` reads a chat completion's server-sent events, :class:`CompletionStream` the
+``/v1/completions`` stream that continues a turn exactly from its ids. Pure: no HTTP, no Redis,
+so the decoder is tested and benchmarked on recorded bytes (bench/bench_client.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from common import errors
+from common.models import Checkpoint, TurnResult, Usage
+from worker.reasoning import continue_text, finish_text
+
+# The JSON scanner at an offset (json.loads would first copy the payload out and re-check it).
+_scan = json.JSONDecoder().raw_decode
+
+
+class TurnStream:
+    """One streamed chat completion read from its bytes: events, deltas, ids, usage.
+
+    The one decoder of a stream. Each read's complete events are decoded to text once, split
+    on blank lines, and each ``data: {...}`` payload is parsed in place by the JSON scanner
+    (``raw_decode`` at its offset: no slice, no line objects, no per-chunk objects); deltas are
+    appended to lists. Other event shapes (several ``data`` lines, comments, CRLF framing)
+    take a slower general path. The CPU per token bounds how many streams a worker holds.
+    """
+
+    # Whether the text is the model's raw output (/v1/completions: no reasoning parser).
+    raw = False
+
+    def __init__(
+        self, endpoint: str, model: str = "", turn: int = 0, resume: Checkpoint | None = None
+    ) -> None:
+        self.endpoint = endpoint
+        self.model = model
+        self.turn = turn
+        self.resume = resume  # the checkpoint this stream continues, if any
+        self.resumed = resume.tokens if resume is not None else 0
+        self.done = False  # [DONE] seen: what follows is read (keep-alive) but not parsed
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.token_ids: list[int] = []
+        self.prompt_token_ids: list[int] | None = None
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] = {}
+        self.text_chunks = 0
+        # Ids received up to the last chunk with text: a checkpoint ends there, so that its
+        # text and ids agree (a token held back by the detokenizer, or a trailing end-of-turn
+        # or end-of-reasoning token, is generated again rather than continued from).
+        self.text_ids = 0
+        self._rest = b""
+
+    def feed(self, data: bytes) -> None:
+        """Parse the events that arrived; an incomplete one waits for the next read."""
+        if self.done:
+            return
+        buf = self._rest + data if self._rest else data
+        if b"\r" in buf:  # CRLF framing; a CR at the end of a read meets its LF next time
+            buf = buf.replace(b"\r\n", b"\n")
+        cut = buf.rfind(b"\n\n") + 2
+        if cut < 2:
+            self._rest = buf
+            return
+        self._rest = buf[cut:]
+        # Whole events only: no UTF-8 character is split at the cut.
+        text = (buf[:cut] if cut < len(buf) else buf).decode()
+        start = 0
+        while not self.done:
+            end = text.find("\n\n", start)
+            if end < 0:
+                break
+            if text.startswith("data: {", start) and text.find("\n", start, end) < 0:
+                chunk, stop = _scan(text, start + 6)  # how every server sends chunks
+                if stop != end and (stop > end or text[stop:end].strip()):
+                    raise ValueError(f"an event is not one JSON object: {text[start:end][:99]!r}")
+                self._add(chunk)
+            else:
+                self._event(text[start:end])
+            start = end + 2
+
+    def _event(self, block: str) -> None:
+        payload = _data_field(block)
+        if payload is None:
+            return
+        if payload.strip() == "[DONE]":
+            self.done = True
+            return
+        chunk = json.loads(payload)
+        if not isinstance(chunk, dict):
+            raise ValueError(f"a stream event is not a JSON object: {payload[:80]!r}")
+        self._add(chunk)
+
+    def _add(self, chunk: dict[str, Any]) -> None:
+        choices = chunk.get("choices")
+        if choices:
+            for choice in choices:
+                self._add_choice(choice)
+        elif chunk.get("error"):
+            message = f"{self.endpoint}: error in the stream: {chunk['error']}"
+            raise errors.ServerError(message[:400])
+        prompt = chunk.get("prompt_token_ids")
+        if prompt is not None:
+            self.prompt_token_ids = prompt
+        usage = chunk.get("usage")
+        if usage:
+            self.usage = usage
+
+    def _add_choice(self, choice: dict[str, Any]) -> None:
+        ids = choice.get("token_ids")
+        if ids:
+            self.token_ids += ids
+        delta = choice.get("delta")
+        if delta:
+            text = delta.get("content")
+            if text:
+                self.content.append(text)
+            # vLLM now sends `reasoning`; SGLang and older vLLM `reasoning_content`.
+            thought = delta.get("reasoning") or delta.get("reasoning_content")
+            if thought:
+                self.reasoning.append(thought)
+            if text or thought:
+                self.text_chunks += 1
+                self.text_ids = len(self.token_ids)
+        reason = choice.get("finish_reason")
+        if reason:
+            self.finish_reason = reason
+
+    def tokens(self) -> int:
+        """Tokens received so far: the ids where given, else ~1 per text chunk."""
+        return len(self.token_ids) or self.text_chunks
+
+    def result(self, latency: float, model: str) -> TurnResult:
+        """The finished turn; a stream without a finish or with an empty answer is an error."""
+        if self.finish_reason is None:
+            raise errors.Disconnected(f"{self.endpoint}: stream ended without a finish_reason")
+        streamed_reasoning, streamed = self._texts()
+        reasoning, content = finish_text(streamed, streamed_reasoning)
+        if not content.strip() and not reasoning and self.finish_reason != "length":
+            raise errors.EmptyResponse(f"{self.endpoint}: the model returned an empty answer")
+        prompt_ids, ids = self._ids(len(self.token_ids))
+        return TurnResult(
+            content=content, reasoning=reasoning, finish_reason=self.finish_reason,
+            usage=self._usage(), latency_s=round(latency, 3), endpoint=self.endpoint,
+            model=model, prompt_token_ids=prompt_ids, token_ids=ids,
+            resumed_from_tokens=self.resumed,
+        )  # fmt: skip
+
+    def finished(self) -> TurnResult:
+        """The resumed turn when its checkpoint had already used up max_tokens."""
+        assert self.resume is not None
+        self.finish_reason = "length"
+        self.prompt_token_ids = self.resume.prompt_token_ids  # no new ids, and none missing
+        return self.result(0.0, self.model)
+
+    def checkpoint(self) -> Checkpoint | None:
+        """What the turn has generated so far, what it resumed from included; None if nothing.
+
+        Ends at the last chunk with text (see ``text_ids``). A resumed stream that got
+        nothing new gives back the checkpoint it started from.
+        """
+        if not self.text_chunks:
+            return self.resume
+        reasoning, content = self._texts()
+        prompt_ids, ids = self._ids(self.text_ids)
+        new = self.text_ids if self.prompt_token_ids is not None else self.text_chunks
+        return Checkpoint(
+            turn=self.turn, endpoint=self.endpoint, model=self.model,
+            prompt_token_ids=prompt_ids, token_ids=ids, content=content, reasoning=reasoning,
+            tokens=self.resumed + new, resumed_from_tokens=self.resumed,
+        )  # fmt: skip
+
+    def _texts(self) -> tuple[str, str]:
+        """(reasoning, content) so far, as streamed: inline reasoning tags not yet split."""
+        reasoning, content = "".join(self.reasoning), "".join(self.content)
+        if self.resume is None:
+            return reasoning, content
+        resume = self.resume
+        return continue_text(resume.reasoning, resume.content, reasoning, content, self.raw)
+
+    def _ids(self, end: int) -> tuple[list[int] | None, list[int] | None]:
+        """(prompt ids, completion ids up to ``end`` of this stream's): the original prompt's
+        and the whole turn's, or (None, None) where the server gave none."""
+        if self.prompt_token_ids is None:
+            return None, None
+        if self.resume is None:
+            return self.prompt_token_ids, self.token_ids[:end]
+        prompt, before = self.resume.prompt_token_ids, self.resume.token_ids
+        if prompt is None or before is None:
+            return None, None
+        return prompt, before + self.token_ids[:end]
+
+    def _usage(self) -> Usage:
+        """The turn's usage: a resumed turn counts what it resumed from as generated by it,
+        and its prompt is the original one, not the continuation's."""
+        prompt = self.usage.get("prompt_tokens") or 0
+        done = self.usage.get("completion_tokens") or 0
+        resume = self.resume
+        if resume is None:
+            return Usage(prompt_tokens=prompt, completion_tokens=done)
+        if resume.prompt_token_ids is not None:
+            prompt = len(resume.prompt_token_ids)
+        else:  # the continuation's prompt held the partial text: about its tokens more
+            prompt = max(0, prompt - resume.tokens)
+        return Usage(prompt_tokens=prompt, completion_tokens=resume.tokens + done)
+
+
+class CompletionStream(TurnStream):
+    """A streamed /v1/completions (the exact continuation of a turn): raw text in
+    ``choices[].text``; vLLM puts the ids in the choice, the prompt ids in the first one's."""
+
+    raw = True
+
+    def _add_choice(self, choice: dict[str, Any]) -> None:
+        ids = choice.get("token_ids")
+        if ids:
+            self.token_ids += ids
+        text = choice.get("text")
+        if text:
+            self.content.append(text)
+            self.text_chunks += 1
+            self.text_ids = len(self.token_ids)
+        prompt = choice.get("prompt_token_ids")
+        if prompt is not None:
+            self.prompt_token_ids = prompt
+        reason = choice.get("finish_reason")
+        if reason:
+            self.finish_reason = reason
+
+
+def _data_field(block: str) -> str | None:
+    """The data of a general server-sent event: its ``data`` lines joined; None if it has none.
+
+    Comments (``:``) and other fields (``event``, ``id``, ``retry``) are skipped.
+    """
+    lines = [line[5:].removeprefix(" ") for line in block.split("\n") if line.startswith("data:")]
+    return "\n".join(lines) if lines else None
