@@ -32,6 +32,9 @@ class Stack:
             # Generous: on a loaded 2-core machine a healthy stream can pause for seconds, and
             # an abandoned stream keeps its server slot until the server notices.
             "EAGLEGEN_STALL_TIMEOUT": "60",
+            # A worker stopped at the end of a test hands its in-flight samples back after this
+            # (the default 20 s made some teardowns wait 20 s for streams nobody reads).
+            "EAGLEGEN_SHUTDOWN_GRACE": "2",
         }
         self.settings = Settings(redis_url=redis_url, run=self.run_name)
         self.store = RunStore(connect(redis_url), self.settings.key_prefix, self.run_name)

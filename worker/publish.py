@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import redis
 from celery import Celery
 from kombu.exceptions import BatchPublishError
+from kombu.utils.uuid import uuid
 
 from worker.contract import GENERATE_TASK, NORMAL_PRIORITY, URGENT_PRIORITY, task_args
 
@@ -27,12 +28,16 @@ def publish(app: Celery, queue: str, run: str, ids: Iterable[str], urgent: bool 
 
 
 def _publish(app: Celery, queue: str, run: str, ids: Iterable[str], priority: int) -> int:
+    # Celery's own two steps under send_task: build the message, send it (signals, sent event
+    # and retry policy included). send_task around them routes, merges options, wraps the
+    # result and acquires a producer per message: 40% of the producer's time in a profile.
+    amqp = app.amqp
     sent = 0
     with app.producer_or_acquire() as producer, producer.batch():
         for sample_id in ids:
-            args = task_args(run, sample_id)
-            app.send_task(
-                GENERATE_TASK, args=args, queue=queue, producer=producer, priority=priority,
+            message = amqp.create_task_message(uuid(), GENERATE_TASK, task_args(run, sample_id), {})
+            amqp.send_task_message(
+                producer, GENERATE_TASK, message, queue=queue, priority=priority,
                 declare=None if sent == 0 else [],  # declared with the first message
             )  # fmt: skip
             sent += 1

@@ -1,4 +1,5 @@
-"""Task messages leave out Celery's empty fields, and a real worker still runs and retries them.
+"""Task messages leave out Celery's empty fields (every integration test's workers run them,
+retries included: tests/integration/test_pipeline.py).
 
 A queued sample is mostly its message: Celery's own was 1,075 bytes for two short arguments.
 """
@@ -12,7 +13,6 @@ import redis
 
 from common.keys import queue_lists
 from common.settings import Settings
-from tests.stack import Stack
 from worker.app import create_app
 from worker.contract import GENERATE_TASK, decode_args
 from worker.publish import publish
@@ -46,18 +46,3 @@ def test_a_retry_message_keeps_its_eta(redis_url: str) -> None:
     message = app.amqp.create_task_message("tid", GENERATE_TASK, ["r", "i"], {}, 30, retries=2)
     assert message.headers["eta"] and message.headers["retries"] == 2
     assert "shadow" not in message.headers and "root_id" not in message.headers
-
-
-def test_workers_run_and_retry_lean_messages(stack: Stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    # Every request fails once (HTTP 500): each sample is retried through Celery's retry,
-    # a message built by the same class with an ETA, then done.
-    stack.simulator("--fail-first", "1", "--time-per-token", "0")
-    stack.worker(concurrency=4)
-    stack.collector()
-    source = tmp_path / "p.jsonl"
-    source.write_text("".join(json.dumps({"prompt": f"q {i}"}) + "\n" for i in range(6)))
-    stack.enqueue(source)
-    stack.wait_complete(90)
-    counts = stack.store.counts()
-    assert (counts.done, counts.failed, counts.retries) == (6, 0, 6)
-    assert len(stack.lines()) == 6
