@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import ROOT, Procs, start_simulator, wait_for
+from tests.harness import ROOT, Child, Procs, start_simulator, wait_for
 from tests.stack import Stack
 
 PROMPTS = ROOT / "data" / "mt_bench_question.jsonl"  # two user turns each
@@ -54,6 +54,19 @@ def reference(
     return ref.lines()
 
 
+def _dropped_run(
+    stack: Stack, limit: str, sim: tuple[str, ...], **worker_env: str
+) -> tuple[str, Child]:
+    """The bundled prompts through a simulator whose every first attempt drops mid-stream:
+    its URL and the worker."""
+    url = stack.simulator("--disconnect-first", "1", *sim)
+    worker = stack.worker(concurrency=8, **worker_env)
+    stack.collector()
+    stack.enqueue(PROMPTS, "--limit", limit)
+    stack.wait_complete()
+    return url, worker
+
+
 def _prompts(tmp: Path, n: int) -> Path:
     path = tmp / "prompts.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"tell me about {i}"}) + "\n" for i in range(n)))
@@ -64,11 +77,7 @@ def test_dropped_streams_continue_exactly_and_the_server_generates_each_token_on
     stack: Stack, redis_url, tmp_path
 ):
     expected = reference(stack.procs, redis_url, tmp_path, PROMPTS, "--limit", "6")
-    url = stack.simulator("--disconnect-first", "1")
-    worker = stack.worker(concurrency=8, EAGLEGEN_CHECKPOINT_TOKENS="16")
-    stack.collector()
-    stack.enqueue(PROMPTS, "--limit", "6")
-    stack.wait_complete()
+    url, worker = _dropped_run(stack, "6", (), EAGLEGEN_CHECKPOINT_TOKENS="16")
     stack.procs.stop(worker)  # its last second of turn statistics is written as it stops
     records = stack.lines()
 
@@ -93,11 +102,7 @@ def test_without_token_ids_a_dropped_turn_continues_from_its_text(
     expected = reference(
         stack.procs, redis_url, tmp_path, PROMPTS, "--limit", "4", sim=("--no-token-ids",)
     )
-    url = stack.simulator("--disconnect-first", "1", "--no-token-ids")
-    stack.worker(concurrency=8, EAGLEGEN_CHECKPOINT_TOKENS="16")
-    stack.collector()
-    stack.enqueue(PROMPTS, "--limit", "4")
-    stack.wait_complete()
+    url, _ = _dropped_run(stack, "4", ("--no-token-ids",), EAGLEGEN_CHECKPOINT_TOKENS="16")
     records = stack.lines()
 
     assert _texts(records) == _texts(expected)
@@ -112,11 +117,7 @@ def test_without_token_ids_a_dropped_turn_continues_from_its_text(
 
 def test_resume_off_generates_a_broken_turn_again_from_the_start(stack: Stack, redis_url, tmp_path):
     expected = reference(stack.procs, redis_url, tmp_path, PROMPTS, "--limit", "4")
-    url = stack.simulator("--disconnect-first", "1")
-    stack.worker(concurrency=8, EAGLEGEN_RESUME="off")
-    stack.collector()
-    stack.enqueue(PROMPTS, "--limit", "4")
-    stack.wait_complete()
+    url, _ = _dropped_run(stack, "4", (), EAGLEGEN_RESUME="off")
     records = stack.lines()
 
     assert _ids(records) == _ids(expected)
