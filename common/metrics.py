@@ -37,6 +37,11 @@ class WorkerMetrics:
             "eaglegen_wasted_tokens", "Tokens streamed by attempts that failed", ["endpoint"],
             registry=registry,
         )  # fmt: skip
+        self.resumed = Counter(
+            "eaglegen_resumed_tokens",
+            "Tokens of turns continued from a checkpoint instead of generated again",
+            ["endpoint"], registry=registry,
+        )  # fmt: skip
         self.latency = Histogram(
             "eaglegen_request_latency_seconds", "Seconds per assistant turn", ["endpoint"],
             buckets=LATENCY_BUCKETS, registry=registry,
@@ -46,10 +51,12 @@ class WorkerMetrics:
             registry=registry,
         )  # fmt: skip
 
-    def turn(self, endpoint: str, latency_s: float, tokens: int) -> None:
-        """A successful turn."""
+    def turn(self, endpoint: str, latency_s: float, tokens: int, resumed: int = 0) -> None:
+        """A successful turn (``resumed``: its tokens that came from a checkpoint)."""
         self.requests.labels(endpoint, "ok").inc()
         self.tokens.labels(endpoint).inc(tokens)
+        if resumed:
+            self.resumed.labels(endpoint).inc(resumed)
         self.latency.labels(endpoint).observe(latency_s)
 
     def error(self, endpoint: str, kind: str, wasted_tokens: int) -> None:

@@ -86,7 +86,7 @@ class Observer:
         """A turn came back from the model."""
         tokens = turn.usage.completion_tokens
         self.recorder(run).turn(turn.endpoint, turn.latency_s, tokens, turn.resumed_from_tokens)
-        self.metrics.turn(turn.endpoint, turn.latency_s, tokens)
+        self.metrics.turn(turn.endpoint, turn.latency_s, tokens, turn.resumed_from_tokens)
         self.summary.add(turns=1, tokens=tokens)
 
     def error(self, run: str, exc: errors.GenerationError) -> None:

@@ -14,9 +14,11 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import ROOT, Child, Procs, start_simulator, wait_for
+from tests.harness import ROOT, Child, Procs, free_port, start_simulator, wait_for
 from tests.stack import Stack
 
 PROMPTS = ROOT / "data" / "mt_bench_question.jsonl"  # two user turns each
@@ -67,6 +69,12 @@ def _dropped_run(
     return url, worker
 
 
+def _resumed_metric(text: str) -> float:
+    """The worker's eaglegen_resumed_tokens_total, all endpoints."""
+    samples = (s for f in text_string_to_metric_families(text) for s in f.samples)
+    return sum(s.value for s in samples if s.name == "eaglegen_resumed_tokens_total")
+
+
 def _prompts(tmp: Path, n: int) -> Path:
     path = tmp / "prompts.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"tell me about {i}"}) + "\n" for i in range(n)))
@@ -77,7 +85,11 @@ def test_dropped_streams_continue_exactly_and_the_server_generates_each_token_on
     stack: Stack, redis_url, tmp_path
 ):
     expected = reference(stack.procs, redis_url, tmp_path, PROMPTS, "--limit", "6")
-    url, worker = _dropped_run(stack, "6", (), EAGLEGEN_CHECKPOINT_TOKENS="16")
+    port = free_port()
+    url, worker = _dropped_run(
+        stack, "6", (), EAGLEGEN_CHECKPOINT_TOKENS="16", EAGLEGEN_METRICS_PORT=str(port)
+    )
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     stack.procs.stop(worker)  # its last second of turn statistics is written as it stops
     records = stack.lines()
 
@@ -94,6 +106,7 @@ def test_dropped_streams_continue_exactly_and_the_server_generates_each_token_on
     # after the opening <think>) is generated again.
     assert status["goodput"]["wasted_tokens"] <= 12
     assert status["goodput"]["resumed_tokens"] == sum(t["resumed_from_tokens"] for t in turns)
+    assert _resumed_metric(metrics) == status["goodput"]["resumed_tokens"]
 
 
 def test_without_token_ids_a_dropped_turn_continues_from_its_text(
