@@ -112,21 +112,26 @@ class TurnStream:
         ids = choice.get("token_ids")
         if ids:
             self.token_ids += ids
-        delta = choice.get("delta")
-        if delta:
-            text = delta.get("content")
-            if text:
-                self.content.append(text)
-            # vLLM now sends `reasoning`; SGLang and older vLLM `reasoning_content`.
-            thought = delta.get("reasoning") or delta.get("reasoning_content")
-            if thought:
-                self.reasoning.append(thought)
-            if text or thought:
-                self.text_chunks += 1
-                self.text_ids = len(self.token_ids)
+        if self._add_text(choice):
+            self.text_chunks += 1
+            self.text_ids = len(self.token_ids)
         reason = choice.get("finish_reason")
         if reason:
             self.finish_reason = reason
+
+    def _add_text(self, choice: dict[str, Any]) -> bool:
+        """Keep a choice's text; whether it had any. Chat: the delta's answer and reasoning."""
+        delta = choice.get("delta")
+        if not delta:
+            return False
+        text = delta.get("content")
+        if text:
+            self.content.append(text)
+        # vLLM now sends `reasoning`; SGLang and older vLLM `reasoning_content`.
+        thought = delta.get("reasoning") or delta.get("reasoning_content")
+        if thought:
+            self.reasoning.append(thought)
+        return bool(text or thought)
 
     def tokens(self) -> int:
         """Tokens received so far: the ids where given, else ~1 per text chunk."""
@@ -213,21 +218,14 @@ class CompletionStream(TurnStream):
 
     raw = True
 
-    def _add_choice(self, choice: dict[str, Any]) -> None:
-        ids = choice.get("token_ids")
-        if ids:
-            self.token_ids += ids
-        text = choice.get("text")
-        if text:
-            self.content.append(text)
-            self.text_chunks += 1
-            self.text_ids = len(self.token_ids)
+    def _add_text(self, choice: dict[str, Any]) -> bool:
         prompt = choice.get("prompt_token_ids")
         if prompt is not None:
             self.prompt_token_ids = prompt
-        reason = choice.get("finish_reason")
-        if reason:
-            self.finish_reason = reason
+        text = choice.get("text")
+        if text:
+            self.content.append(text)
+        return bool(text)
 
 
 def _data_field(block: str) -> str | None:
