@@ -414,7 +414,10 @@ def gpu_waste(events: list[dict[str, Any]], records: dict[str, Any]) -> dict[str
         if e.get("event") == "completed":
             finished.setdefault(e["key"], []).append(int(e.get("completion_tokens") or 0))
     twice = sum(sum(n) - max(n) for n in finished.values() if len(n) > 1)
-    pct = lambda n: round(100 * n / kept, 2) if kept else None  # noqa: E731
+
+    def pct(n: int) -> float | None:
+        return round(100 * n / kept, 2) if kept else None
+
     return {
         "tokens_generated": generated, "tokens_in_output": kept,
         "gpu_waste_pct": pct(generated - kept),
