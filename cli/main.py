@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import redis
 import typer
 
+from cli import capture_cmd
 from cli.shared import (
     RunOpt,
     console,
@@ -156,6 +157,8 @@ def status(
     from cli import status_view
 
     settings = load_settings(run=run)
+    if capture_cmd.is_capture_run(settings):
+        return capture_cmd.show_status(settings, as_json)
     store = open_store(settings)
     if not store.exists() and not watch:
         if (summary := store.retired_summary()) is not None:
@@ -232,11 +235,11 @@ def demo(
 
 def _register_plugins() -> None:
     # Other roles register their own commands; a missing extra only disables those.
-    from cli import endpoints_cmd, runs_cmd
+    from cli import capture_cmd, endpoints_cmd, runs_cmd
     from simulator import cli as simulator_cli
     from training import cli as training_cli
 
-    for module in (simulator_cli, training_cli, endpoints_cmd, runs_cmd):
+    for module in (simulator_cli, training_cli, endpoints_cmd, runs_cmd, capture_cmd):
         module.register(app)
 
 

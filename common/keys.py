@@ -29,6 +29,11 @@ def reconciler_lock_key(prefix: str) -> str:
     return f"{prefix}:reconciler_lock"
 
 
+def capture_reconciler_lock_key(prefix: str) -> str:
+    """Held by the one capture worker process running a pass over the capture queue's runs."""
+    return f"{prefix}:capture_reconciler_lock"
+
+
 @dataclass(frozen=True)
 class EndpointKeys:
     """Global (not per-run) keys about endpoints: slots, caps, locks, drained set, rates.

@@ -122,6 +122,11 @@ class Settings(BaseSettings):
     # successor waits seconds, not minutes.
     collector_lock_ttl: float = Field(default=10.0, gt=0)
 
+    # Hidden-state capture (capture/): its own queue, rows batched up to this many tokens.
+    capture_queue: str = "eaglegen-capture"
+    capture_token_budget: int = Field(default=8192, ge=1)
+    capture_linger: float = Field(default=0.02, ge=0)  # seconds a batch waits to fill
+
     @field_validator("endpoints", mode="before")
     @classmethod
     def _split_endpoints(cls, value: object) -> object:
