@@ -16,7 +16,7 @@ from typing import Any
 
 from capture.layers import plan
 from capture.manifest import MANIFEST
-from capture.rows import Rows, fingerprint
+from capture.rows import fingerprint, row_lengths
 from capture.spec import CaptureSpec, Layout, RowRef
 from capture.store import CaptureStore
 from common.errors import ConfigError
@@ -104,8 +104,7 @@ def enqueue_rows(
     """Check, record and queue the rows; ``publish(run, ids)`` sends the new ones."""
     tokenized_dir, out_dir = tokenized_dir.resolve(), out_dir.resolve()
     plan(layout, shape.layers, aux)  # refuse layers the model does not have, before anything
-    rows = Rows(tokenized_dir)
-    lengths = rows.lengths()
+    lengths = row_lengths(tokenized_dir)
     spec = CaptureSpec(
         tokenized_dir=str(tokenized_dir), fingerprint=fingerprint(tokenized_dir),
         out_dir=str(out_dir), layout=layout, aux_layers=aux, rows=len(lengths),

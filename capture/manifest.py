@@ -9,6 +9,7 @@ within the lock's TTL when the writer dies.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from pathlib import Path
@@ -87,5 +88,8 @@ class ManifestWriters:
             Collector(store.runs, sink, s.collect_batch, s.collector_lock_ttl).run(self._stop)
         except (ConfigError, CollectorFenced) as exc:
             log.info("manifest of %s: %s", store.run, exc)
+        except OSError as exc:  # a full disk: a cut last line is repaired when it reopens
+            log.warning("manifest of %s: %s; trying again", store.run, exc)
         finally:
-            sink.close()
+            with contextlib.suppress(OSError):
+                sink.close()

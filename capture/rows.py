@@ -67,10 +67,17 @@ class Rows:
             item = self._ds[index]
         return Row(index, str(item["id"]), list(item["input_ids"]), list(item["loss_mask"]))
 
-    def lengths(self) -> list[int]:
-        """Tokens of every row (for the enqueue's estimate and the tasks' batching)."""
-        table = self._ds.data.table if hasattr(self._ds.data, "table") else self._ds.data
-        column = table.column("input_ids")
-        import pyarrow.compute as pc
 
-        return [int(n) for n in pc.list_value_length(column).to_pylist()]
+def row_lengths(tokenized_dir: Path) -> list[int]:
+    """Tokens of every row, read with pyarrow alone (no ``datasets``, no torch: enqueue)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    folder = dataset_dir(tokenized_dir)
+    state = json.loads((folder / "state.json").read_text())
+    lengths: list[int] = []
+    for entry in state.get("_data_files", []):
+        with pa.memory_map(str(folder / str(entry["filename"]))) as source:
+            table = pa.ipc.open_stream(source).read_all()
+        lengths += [int(n) for n in pc.list_value_length(table.column("input_ids")).to_pylist()]
+    return lengths
