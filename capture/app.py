@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery, signals
 
-from capture.tasks import register_capture_task
 from common.settings import Settings
 from worker import kombu_fix
 from worker.config import celery_config
 from worker.contract import CAPTURE_TASK
 from worker.lean_messages import LeanAMQP
 from worker.publish import publish
+from worker.tasks import register_tasks
 
 if TYPE_CHECKING:  # torch and transformers load only in a worker, not for an enqueue
     from capture.parts import CaptureParts
@@ -76,7 +76,7 @@ def create_capture_app(
     """A configured capture app (``settings`` as given, or made capture's by the caller)."""
     kombu_fix.apply()
     app = CaptureCelery(capture_settings(settings), model_dir, device)
-    register_capture_task(app, app.settings, app.processor, app.publish_rows)
+    register_tasks(app, app.settings, app.processor, app.publish_rows, name=CAPTURE_TASK)
     _connect_signals(app)
     return app
 
