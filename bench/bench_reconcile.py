@@ -22,13 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from broker.publish import publish
 from common.keys import queue_lists
 from common.models import GenParams
 from common.settings import Settings
 from common.store import RunStore, connect
 from worker.app import create_app
-from worker.publish import publish
-from worker.reconcile import Reconciler
+from worker.pipeline.reconcile import Reconciler
 
 
 def fill(r, store: RunStore, key: str, proto: dict, n: int) -> None:

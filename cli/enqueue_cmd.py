@@ -5,13 +5,13 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from broker.publish import publish
 from common.models import GenParams
 from common.settings import Settings
 from common.store import RunStore
 from producer.enqueue import EnqueueCounts, Feeder
 from producer.readers import open_source
 from worker.app import create_app
-from worker.publish import publish
 
 MAX_INVALID_SHOWN = 20
 

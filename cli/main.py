@@ -172,8 +172,8 @@ def status(
 @app.command("retry-failed")
 def retry_failed(run: RunOpt = None) -> None:
     """Put a run's failed samples back in the queue."""
+    from broker.publish import publish
     from worker.app import create_app
-    from worker.publish import publish
 
     settings = load_settings(run=run)
     store = open_store(settings)
@@ -186,7 +186,7 @@ def retry_failed(run: RunOpt = None) -> None:
 def reconcile(run: RunOpt = None) -> None:
     """Find samples that fell through (lost messages, dead workers) and re-enqueue them."""
     from worker.app import create_app
-    from worker.reconcile import Reconciler
+    from worker.pipeline.reconcile import Reconciler
 
     settings = load_settings(run=run)
     store = open_store(settings)
@@ -208,7 +208,7 @@ def exporter(
     from prometheus_client import CollectorRegistry
 
     from common.metrics import RunCollector, serve
-    from worker.server_cache import PrefixCacheCollector
+    from worker.endpoints.server_cache import PrefixCacheCollector
 
     settings = load_settings()
     store = open_store(settings)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "producer", "worker", "collector", "simulator", "training", "cli")
+PACKAGES = ("common", "producer", "broker", "worker", "collector", "simulator", "training", "cli")
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:

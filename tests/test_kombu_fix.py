@@ -1,4 +1,4 @@
-"""worker.kombu_fix on a real Redis: kombu 5.7 on a closed channel raised AttributeError on an
+"""broker.kombu_fix on a real Redis: kombu 5.7 on a closed channel raised AttributeError on an
 ack or reject and stopped the worker (seen in `make chaos` when Redis was killed under running
 tasks), with the fix it is the connection error Celery logs and survives; and kombu built a new
 redis.Redis object per ack, get and event (~75 us each), with the fix one per connection pool."""
@@ -13,7 +13,7 @@ import kombu
 import pytest
 import redis
 
-from worker import kombu_fix
+from broker import kombu_fix
 
 
 @pytest.fixture

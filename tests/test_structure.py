@@ -22,14 +22,19 @@ def test_only_the_app_module_wires_the_worker_together():
     edges = _graph_tool().graph(ROOT)
     importers = {m for m, deps in edges.items() if "worker.app" in deps}
     assert importers <= {"worker.celery_app", "cli.main", "cli.enqueue_cmd", "cli.demo"}
-    for part in ("worker.processing", "worker.tasks", "worker.reconcile", "worker.publish"):
+    for part in (
+        "worker.pipeline.processing",
+        "worker.tasks",
+        "worker.pipeline.reconcile",
+        "broker.publish",
+    ):
         assert "worker.app" not in edges[part]
 
 
 def test_every_lua_script_lives_in_common_lua():
     offenders = [
         str(path.relative_to(ROOT))
-        for package in ("common", "worker", "collector", "producer", "cli")
+        for package in ("common", "broker", "worker", "collector", "producer", "cli")
         for path in (ROOT / package).rglob("*.py")
         if path.name != "lua.py" and "redis.call(" in path.read_text()
     ]

@@ -13,18 +13,18 @@ from typing import Any
 import redis
 from celery import Celery, signals
 
+from broker import kombu_fix
+from broker.config import celery_config
+from broker.lean import LeanAMQP
+from broker.publish import publish
 from common.settings import Settings
 from common.store import RunStores, connect
-from worker import kombu_fix
-from worker.clock_watch import ClockWatch
-from worker.config import celery_config
-from worker.endpoints import EndpointPool
-from worker.lean_messages import LeanAMQP
-from worker.leases import LeaseKeeper
-from worker.observe import Observer
-from worker.processing import SampleProcessor
-from worker.publish import publish
-from worker.reconcile import ReconcilerLoop
+from worker.endpoints.pool import EndpointPool
+from worker.pipeline.clock_watch import ClockWatch
+from worker.pipeline.leases import LeaseKeeper
+from worker.pipeline.observe import Observer
+from worker.pipeline.processing import SampleProcessor
+from worker.pipeline.reconcile import ReconcilerLoop
 from worker.tasks import register_tasks
 
 

@@ -13,10 +13,10 @@ from typing import Any, Literal, Protocol
 import redis
 from celery import Celery
 
+from broker.message import GENERATE_TASK
 from common import errors
 from common.backoff import backoff_delay
 from common.settings import Settings
-from worker.contract import GENERATE_TASK
 
 # Redis restarting: try again soon; if even this publish fails, the reconciler finds the
 # sample (pending, no lease, no message) and re-enqueues it.
@@ -24,7 +24,7 @@ REDIS_RETRY_S = 5.0
 
 
 class Processor(Protocol):
-    """The work behind a message (``worker.processing.SampleProcessor``)."""
+    """The work behind a message (``worker.pipeline.processing.SampleProcessor``)."""
 
     def process(self, run: str, sample_id: str, retries: int = 0) -> str: ...
     def fail(self, run: str, sample_id: str, exc: errors.GenerationError) -> None: ...

@@ -75,7 +75,7 @@ import threading
 from common.settings import Settings
 from common.store import connect
 from worker.app import create_app
-from worker.reconcile import Reconciler
+from worker.pipeline.reconcile import Reconciler
 settings = Settings()
 reconciler = Reconciler(connect(settings.redis_url), settings, create_app(settings).publish_samples)
 reconciler.run_once([settings.run])

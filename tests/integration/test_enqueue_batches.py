@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from broker.publish import publish
 from common.keys import queue_lists
 from common.settings import Settings
 from common.store import connect
@@ -17,7 +18,6 @@ from tests.deploy.redis_servers import RedisServers
 from tests.harness import Procs
 from tests.stack import Stack
 from worker.app import create_app
-from worker.publish import publish
 
 ROWS = 600  # three batches of the producer's 256
 

@@ -11,11 +11,11 @@ import json
 
 import redis
 
+from broker.message import GENERATE_TASK, decode_args
+from broker.publish import publish
 from common.keys import queue_lists
 from common.settings import Settings
 from worker.app import create_app
-from worker.contract import GENERATE_TASK, decode_args
-from worker.publish import publish
 
 
 def _queued(rdb: redis.Redis, queue: str) -> list[dict[str, object]]:

@@ -1,6 +1,6 @@
 """The reconciler's cost does not grow with the queue, and its passes never overlap: real Redis.
 
-Messages are real kombu messages put on the test's queue by ``worker.publish``; delivered ones
+Messages are real kombu messages put on the test's queue by ``broker.publish``; delivered ones
 are staged in kombu's ``unacked`` hash as a dead worker would leave them.
 """
 
@@ -10,15 +10,15 @@ import json
 import threading
 import time
 
+from broker.publish import publish
+from broker.scan import PAGE, queued_refs
 from common.keys import UNACKED, UNACKED_INDEX
 from common.models import GenParams, Sample, SourceRef
 from common.settings import Settings
 from tests.harness import wait_for
 from tests.stack import Stack
 from worker.app import create_app
-from worker.broker_scan import PAGE, queued_refs
-from worker.publish import publish
-from worker.reconcile import Reconciler, ReconcilerLoop
+from worker.pipeline.reconcile import Reconciler, ReconcilerLoop
 
 LIMIT = 50
 

@@ -8,10 +8,10 @@ import time
 
 import httpx
 
+from broker.publish import publish
 from tests.harness import wait_for
 from tests.stack import Stack
 from worker.app import create_app
-from worker.publish import publish
 
 FAST_RECOVERY = {"EAGLEGEN_LEASE_TTL": "3", "EAGLEGEN_RECONCILE_INTERVAL": "1"}
 

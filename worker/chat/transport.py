@@ -9,7 +9,7 @@ What it keeps from httpx: one keep-alive connection per concurrent stream (idle 
 reused last-in first-out, and one the server has closed is noticed before reuse), a connect
 timeout and a read timeout (no byte for N seconds: the stall timeout), TLS verified against the
 same CA store (``SSL_CERT_FILE`` included), fixed headers on every request. Failures are raised
-as the exceptions below, by phase; ``worker.client.translate_errors`` maps them to EagleGen's.
+as the exceptions below, by phase; ``worker.chat.client.translate_errors`` maps them to EagleGen's.
 Proxies are not supported (httpx honoured ``HTTP_PROXY``); no redirects are followed (neither
 did httpx by default).
 """

@@ -9,7 +9,7 @@ from celery import Celery
 from kombu.exceptions import BatchPublishError
 from kombu.utils.uuid import uuid
 
-from worker.contract import GENERATE_TASK, NORMAL_PRIORITY, URGENT_PRIORITY, task_args
+from broker.message import GENERATE_TASK, NORMAL_PRIORITY, URGENT_PRIORITY, task_args
 
 
 def publish(app: Celery, queue: str, run: str, ids: Iterable[str], urgent: bool = False) -> int:

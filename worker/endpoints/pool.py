@@ -1,7 +1,7 @@
 """Choosing an endpoint for each request, under cluster-wide caps.
 
-A request waits, holding nothing, for a slot (``worker/capacity.py``): by default on the
-endpoint its routing hint prefers (``worker/routing.py``: its previous turn's server, or one
+A request waits, holding nothing, for a slot (``capacity.py``): by default on the
+endpoint its routing hint prefers (``routing.py``: its previous turn's server, or one
 drawn from its leading prefix) while that one's load is within bounds, else on the endpoint
 with the most free capacity cluster-wide; then the optional rate limits let it go. How it ends is
 reported back: an endpoint failing repeatedly is taken out for a cool-down, probed in the
@@ -27,12 +27,12 @@ from common.logs import secrets_of
 from common.models import Checkpoint, GenParams, TurnResult
 from common.redact import redact
 from common.settings import Settings
-from worker.adaptive import AdaptiveDriver
-from worker.capacity import CapacityUnavailable, FreeSignal, Routed, Slot, SlotTable
-from worker.client import ChatClient, Messages, Progress
-from worker.health import EndpointHealth, counts_against
-from worker.ratelimit import RateLimiter
-from worker.routing import Route, RouteHint, plan
+from worker.chat.client import ChatClient, Messages, Progress
+from worker.endpoints.adaptive import AdaptiveDriver
+from worker.endpoints.capacity import CapacityUnavailable, FreeSignal, Routed, Slot, SlotTable
+from worker.endpoints.health import EndpointHealth, counts_against
+from worker.endpoints.ratelimit import RateLimiter
+from worker.endpoints.routing import Route, RouteHint, plan
 
 log = logging.getLogger("eaglegen.endpoints")
 

@@ -27,8 +27,8 @@ import redis
 from common.keys import EndpointKeys
 from common.locks import HeldLock
 from common.settings import Settings
-from worker.capacity import SlotTable
-from worker.vllm_metrics import family_values, metrics_url
+from worker.endpoints.capacity import SlotTable
+from worker.endpoints.vllm_metrics import family_values, metrics_url
 
 log = logging.getLogger("eaglegen.adaptive")
 
