@@ -1,4 +1,4 @@
-"""Two patches to kombu 5.7's Redis transport, applied by ``apply()`` in ``create_app``.
+"""Two patches to kombu 5.7's Redis transport, applied by ``apply()`` in ``BrokerApp``.
 
 1. Acknowledging on a channel whose connection was closed raises AttributeError, which stops
    the worker. Seen in ``make chaos``: Redis is killed while tasks run; the consumer drops its

@@ -15,8 +15,8 @@ from typing import Any
 
 import redis
 
+from broker.layout import UNACKED, UNACKED_INDEX, queue_lists
 from broker.message import decode_args
-from common.keys import UNACKED, UNACKED_INDEX, queue_lists
 
 
 @dataclass(frozen=True)

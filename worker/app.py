@@ -1,4 +1,4 @@
-"""The Celery application factory and the composition root of a worker process.
+"""The worker's Celery app and the composition root of a worker process.
 
 This is the only module that knows the others: it builds the parts (leases, endpoints,
 observation, processing, reconciliation), hands each what it needs, and starts and stops them
@@ -11,12 +11,8 @@ import threading
 from typing import Any
 
 import redis
-from celery import Celery, signals
 
-from broker import kombu_fix
-from broker.config import celery_config
-from broker.lean import LeanAMQP
-from broker.publish import publish
+from broker.app import BrokerApp
 from common.settings import Settings
 from common.store import RunStores, connect
 from worker.endpoints.pool import EndpointPool
@@ -25,7 +21,7 @@ from worker.pipeline.leases import LeaseKeeper
 from worker.pipeline.observe import Observer
 from worker.pipeline.processing import SampleProcessor
 from worker.pipeline.reconcile import ReconcilerLoop
-from worker.tasks import register_tasks
+from worker.tasks import connect_signals, register_tasks
 
 
 class WorkerParts:
@@ -66,16 +62,11 @@ class WorkerParts:
         self.redis.close()
 
 
-class EagleGenCelery(Celery):  # type: ignore[misc]
-    """A Celery app that carries EagleGen's settings and, in a worker, its parts."""
-
-    settings: Settings
+class EagleGenCelery(BrokerApp):
+    """The broker's app with EagleGen's task and, in a worker, its parts."""
 
     def __init__(self, settings: Settings) -> None:
-        # LeanAMQP: task messages without Celery's empty fields (~40% of a queued sample's bytes).
-        super().__init__("eaglegen", set_as_current=False, amqp=LeanAMQP)
-        self.settings = settings
-        self.conf.update(celery_config(settings))
+        super().__init__(settings)
         self._parts: WorkerParts | None = None
         self._parts_lock = threading.Lock()
 
@@ -92,34 +83,20 @@ class EagleGenCelery(Celery):  # type: ignore[misc]
         parts.start_generating()  # idempotent; a task can arrive before worker_ready
         return parts.processor
 
-    def publish_samples(self, run: str, ids: list[str]) -> object:
-        """Send samples back to the queue ahead of new work (reconciler, hand-back)."""
-        return publish(self, self.settings.queue, run, ids, urgent=True)
+    def begin_drain(self) -> None:
+        """The worker is stopping: in-flight samples get the grace time, then go back."""
+        if self._parts is not None:
+            self._parts.processor.begin_drain()
+
+    def close_parts(self) -> None:
+        """The worker has shut down: stop the parts, if any were built."""
+        if self._parts is not None:
+            self._parts.close()
 
 
 def create_app(settings: Settings) -> EagleGenCelery:
     """A configured app with EagleGen's tasks registered; connects to nothing yet."""
-    kombu_fix.apply()
     app = EagleGenCelery(settings)
     register_tasks(app, settings, app.processor, app.publish_samples)
-    _connect_signals(app)
+    connect_signals(app, lambda: app.parts().start(), app.begin_drain, app.close_parts)
     return app
-
-
-def _connect_signals(app: EagleGenCelery) -> None:
-    # Signals are global in Celery: only react for the worker running this app.
-    def on_ready(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is app:
-            app.parts().start()
-
-    def on_stopping(sender: Any = None, **_: Any) -> None:
-        if app._parts is not None:
-            app._parts.processor.begin_drain()
-
-    def on_shutdown(sender: Any = None, **_: Any) -> None:
-        if app._parts is not None and getattr(sender, "app", app) is app:
-            app._parts.close()
-
-    signals.worker_ready.connect(on_ready, weak=False)
-    signals.worker_shutting_down.connect(on_stopping, weak=False)
-    signals.worker_shutdown.connect(on_shutdown, weak=False)
