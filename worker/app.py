@@ -1,13 +1,15 @@
 """The worker's Celery app and the composition root of a worker process.
 
-This is the only module that knows the others: it builds the parts (leases, endpoints,
-observation, processing, reconciliation), hands each what it needs, and starts and stops them
-from Celery's worker signals. The parts import none of it.
+This is the only module that knows the others: it builds the parts (leases, endpoints and
+their clients, caps and rate limits, observation, processing, reconciliation), hands each what
+it needs, starts their threads and stops them from Celery's worker signals. The parts import
+none of it.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -15,7 +17,9 @@ import redis
 from broker.app import BrokerApp
 from common.settings import Settings
 from common.store import RunStores, connect
-from worker.endpoints.pool import EndpointPool
+from worker.endpoints.adaptive import AdaptiveDriver
+from worker.endpoints.capacity import SlotTable
+from worker.endpoints.pool import EndpointPool, chat_client, rate_limiter
 from worker.pipeline.clock_watch import ClockWatch
 from worker.pipeline.leases import LeaseKeeper
 from worker.pipeline.observe import Observer
@@ -31,19 +35,37 @@ class WorkerParts:
         self.redis: redis.Redis = connect(settings.redis_url, settings.redis_sentinel_master)
         self.stores = RunStores(self.redis, settings.key_prefix)
         self.leases = LeaseKeeper(self.stores, settings.lease_ttl)
-        self.endpoints = EndpointPool.build(settings, self.redis)
+        self.endpoints = build_endpoints(settings, self.redis)
         self.observer = Observer(self.redis, settings, self.leases.count)
         self.processor = SampleProcessor(
             settings, self.stores, self.endpoints, self.leases, self.observer
         )
         self.reconciler = ReconcilerLoop(self.redis, settings, hand_back)
         self.clock = ClockWatch(self.redis, settings)
+        self.settings = settings
+        self._endpoint_threads: list[threading.Thread] = []
+        self._start_lock = threading.Lock()
 
     def start_generating(self) -> None:
         """What a task needs running: lease renewal, the endpoints' threads, statistics."""
         self.leases.start()
-        self.endpoints.start()
+        self._start_endpoints()
         self.observer.start_flushing()
+
+    def _start_endpoints(self) -> None:
+        """Renew slots, probe endpoints, hear wake-ups (and adapt caps): once per process."""
+        with self._start_lock:
+            if self._endpoint_threads:
+                return
+            pool = self.endpoints
+            loops: dict[str, Callable[[], None]] = {
+                "endpoint-check": pool.check_all, "slot-renewer": pool.renew_loop,
+                "endpoint-prober": pool.probe_loop, "slot-wakeups": pool.listen,
+            }  # fmt: skip
+            if self.settings.adaptive:
+                driver = AdaptiveDriver(self.settings, self.redis, pool.table)
+                loops["adaptive-caps"] = lambda: driver.run(pool.stopped)
+            self._endpoint_threads = [_thread(target, name) for name, target in loops.items()]
 
     def start(self) -> None:
         """Everything, once the worker is ready: also reconciliation, metrics and the summary."""
@@ -60,6 +82,21 @@ class WorkerParts:
         self.leases.close()
         self.endpoints.close()
         self.redis.close()
+
+
+def build_endpoints(settings: Settings, client: redis.Redis) -> EndpointPool:
+    """The pool of the configured endpoints, with their caps, rate limits and clients."""
+    limiter = rate_limiter(settings, client)
+    clients = {url: chat_client(url, settings, limiter) for url in settings.endpoints}
+    caps = {url: settings.cap_for(url) for url in settings.endpoints}
+    table = SlotTable(client, settings.key_prefix, caps, settings.slot_ttl)
+    return EndpointPool(settings, client, table, clients, limiter)
+
+
+def _thread(target: Callable[[], None], name: str) -> threading.Thread:
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 class EagleGenCelery(BrokerApp):

@@ -26,25 +26,13 @@ from common.redact import redact
 from common.settings import Settings
 from common.store import RunStore, Taken
 from worker.chat.checkpoints import TurnCheckpoints
-from worker.chat.client import Messages
+from worker.chat.client import ChatClient, Check, Messages
 from worker.endpoints.routing import RouteHint, hint_for
 from worker.pipeline.generate import answer_turns, build_record
 from worker.pipeline.leases import LeaseKeeper
 from worker.pipeline.observe import Observer
 
 log = logging.getLogger("eaglegen.worker")
-Check = Callable[[], None]
-
-
-class TurnClient(Protocol):
-    """What a borrowed endpoint client does: one assistant turn."""
-
-    def complete(
-        self, messages: Messages, params: GenParams, check: Check | None = None, *,
-        turn: int = 0, resume: Checkpoint | None = None, progress: TurnCheckpoints | None = None,
-    ) -> TurnResult:  # fmt: skip
-        """Generate turn ``turn``, continuing ``resume``; checkpoints go to ``progress``."""
-        ...
 
 
 class Endpoints(Protocol):
@@ -52,7 +40,7 @@ class Endpoints(Protocol):
 
     def borrow(
         self, check: Check | None = None, hint: RouteHint | None = None
-    ) -> AbstractContextManager[TurnClient]:
+    ) -> AbstractContextManager[ChatClient]:
         """A client of the endpoint chosen for one request (``hint``: where its prefix is)."""
         ...
 
