@@ -1,24 +1,10 @@
-"""Two patches to kombu 5.7's Redis transport, applied by ``apply()`` in ``BrokerApp``.
+"""Two patches to kombu's Redis transport (``kombu.transport.redis.Channel``), applied by
+``apply()`` when a ``BrokerApp`` is built. Each is next to its code below.
 
-1. Acknowledging on a channel whose connection was closed raises AttributeError, which stops
-   the worker. Seen in ``make chaos``: Redis is killed while tasks run; the consumer drops its
-   connection to reconnect; a task that then ends rejects (or acks) its message on the old
-   channel, whose transport has no client any more. ``Channel._connparams`` reads
-   ``self.connection.client.hostname``, the AttributeError escapes Celery's
-   ``reject_log_error`` (it only catches connection errors), and the event loop shuts the
-   worker down (exit 0, with its other tasks handed back). Raising a redis ``ConnectionError``
-   instead turns it into the logged, survivable error Celery expects; the message stays in the
-   broker's unacked set and comes back (the reconciler, or kombu's visibility timeout), where a
-   finished sample is acknowledged without a second generation.
-
-2. Every ack, reject, task event and ``_get`` builds a new ``redis.Redis`` object around the
-   channel's one connection pool (``Channel.conn_or_acquire`` calls ``_create_client``): redis-py
-   8 copies its ~200 response callbacks into a new case-insensitive dict and makes an event
-   dispatcher each time, ~70-80 us of CPU, for an object that holds nothing but the pool. No
-   transport option turns this off (kombu's main branch does the same). A ``redis.Redis`` on a
-   pool is safe to share between threads (each command or pipeline takes its own connection
-   from the pool), so the channel keeps one per pool and builds a new one only when the pool
-   was replaced (a reconnect sets ``_pool`` to None; a closed channel then still fails as in 1).
+Applies to: kombu 5.7.x, the range pyproject allows (``kombu>=5.7.0,<6``); written against
+5.7.0, whose ``Channel._connparams`` and ``Channel._create_client`` they wrap. On a kombu
+upgrade, run ``tests/test_kombu_fix.py`` (each patch has a test that fails without it) and drop
+a patch whose defect upstream fixed.
 """
 
 from __future__ import annotations
@@ -39,6 +25,16 @@ def apply() -> None:
 
 
 def _closed_channel_is_a_connection_error() -> None:
+    # Defect (reproduced by make chaos, and by tests/test_kombu_fix.py without Redis dying):
+    # Redis is killed while tasks run; the consumer drops its connection to reconnect; a task
+    # that then ends acks or rejects its message on the old channel, whose transport has no
+    # client any more. ``_connparams`` reads ``self.connection.client.hostname``, and the
+    # AttributeError escapes Celery's ``reject_log_error`` (it catches connection errors
+    # only), so the event loop shuts the worker down, handing its other tasks back. The same
+    # AttributeError path was reported upstream on a channel close (celery/kombu#582, kombu
+    # 3.0); 5.7.0 still raises it here. Raising redis's ConnectionError instead makes it the logged,
+    # survivable error Celery expects; the message stays unacked and comes back (reconciler
+    # or visibility timeout), where a finished sample is acknowledged without a second run.
     original: Any = kombu_redis.Channel._connparams
     if getattr(original, _MARK, False):
         return
@@ -53,6 +49,15 @@ def _closed_channel_is_a_connection_error() -> None:
 
 
 def _one_client_per_pool() -> None:
+    # Cost (reproduced by tests/test_kombu_fix.py, measured by bench/bench_kombu.py): every
+    # ack, reject, task event and ``_get`` goes through ``conn_or_acquire``, which builds a new
+    # ``redis.Redis`` around the channel's one pool; redis-py copies its response callbacks
+    # and makes an event dispatcher each time, for an object that holds nothing but the pool.
+    # No transport option turns this off and kombu's main branch does the same; no upstream
+    # issue. A ``redis.Redis`` on a pool is safe to share between threads (each command or
+    # pipeline takes its own connection), so the channel keeps one per pool and builds a new
+    # one only when the pool was replaced (a reconnect sets ``_pool`` to None; a closed
+    # channel then still fails as the patch above makes it fail).
     original: Any = kombu_redis.Channel._create_client
     if getattr(original, _MARK, False):
         return

@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     # Celery's retry delays and kombu's delivery times run on the workers' own clocks; a worker
     # further than this from Redis's clock warns in its log and in `status` (run NTP).
     max_clock_skew: float = Field(default=2.0, gt=0)
-    # Queued messages a reconciler pass reads at most (~0.1 ms each): above it, the pass skips
+    # Queued messages a reconciler pass reads at most (each is parsed): above it, the pass skips
     # the queue (see worker/pipeline/reconcile.py), so its cost does not grow with max_pending.
     reconcile_scan_max: int = Field(default=20_000, ge=0)
     # After SIGTERM, in-flight generations get this long to finish before being handed back.

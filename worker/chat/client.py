@@ -2,9 +2,9 @@
 
 A thin client: the request body is one ``json.dumps``, the HTTP is :mod:`worker.chat.transport`
 (keep-alive connections on ``http.client``) and the stream is read by one decoder
-(:mod:`worker.chat.stream`), bytes in, the turn out. The openai SDK's request building cost about
-1 ms per request, its line reader about 15 us per streamed token, httpx's HTTP layer about
-18 us per streamed token (bench/bench_client.py). Requests are streamed: the read timeout is
+(:mod:`worker.chat.stream`), bytes in, the turn out: the openai SDK's request building and line
+reader and httpx's HTTP layer each cost more per streamed token than this path does
+(bench/bench_client.py compares them). Requests are streamed: the read timeout is
 the stall timeout (no byte for N seconds), so a slow generation that keeps producing tokens is
 never cut, while a dead stream is noticed. Transport errors and HTTP statuses are translated
 here, once, into the EagleGen exception tree.
