@@ -1,26 +1,24 @@
 """The capture worker's Celery app and the composition root of its process.
 
-A second worker kind beside generation's: its own queue (``EAGLEGEN_CAPTURE_QUEUE``), the
-same Celery configuration, leases, reconciler and collector, and one target model per process
-that every task thread's rows share through the batcher.
+A second worker kind beside generation's: the broker package's app on its own queue
+(``EAGLEGEN_CAPTURE_QUEUE``), generation's task adapter under its own task name, and one target
+model per process that every task thread's rows share through the batcher
+(``capture/parts.py``, loaded only in a worker: an enqueue imports neither torch nor
+transformers).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from celery import Celery, signals
-
+from broker.app import BrokerApp
+from broker.message import CAPTURE_TASK
+from broker.publish import publish
 from common.settings import Settings
-from worker import kombu_fix
-from worker.config import celery_config
-from worker.contract import CAPTURE_TASK
-from worker.lean_messages import LeanAMQP
-from worker.publish import publish
-from worker.tasks import register_tasks
+from worker.tasks import connect_signals, register_tasks
 
-if TYPE_CHECKING:  # torch and transformers load only in a worker, not for an enqueue
+if TYPE_CHECKING:
     from capture.parts import CaptureParts
     from capture.processor import RowProcessor
 
@@ -30,13 +28,11 @@ def capture_settings(settings: Settings) -> Settings:
     return settings.model_copy(update={"queue": settings.capture_queue})
 
 
-class CaptureCelery(Celery):  # type: ignore[misc]
-    """A Celery app for capture workers, carrying the settings and, in a worker, its parts."""
+class CaptureApp(BrokerApp):
+    """The broker's app for capture: publishes capture tasks and, in a worker, runs them."""
 
     def __init__(self, settings: Settings, model_dir: str | None, device: str) -> None:
-        super().__init__("eaglegen-capture", set_as_current=False, amqp=LeanAMQP)
-        self.settings = settings
-        self.conf.update(celery_config(settings))
+        super().__init__(capture_settings(settings))
         self.model_dir = model_dir
         self.device = device
         self._parts: CaptureParts | None = None
@@ -52,7 +48,7 @@ class CaptureCelery(Celery):  # type: ignore[misc]
                 from capture.parts import CaptureParts
 
                 model = TargetModel(self.model_dir, self.device)
-                self._parts = CaptureParts(self.settings, model, self.publish_rows)
+                self._parts = CaptureParts(self.settings, model, self.publish_samples)
             return self._parts
 
     def processor(self) -> RowProcessor:
@@ -61,7 +57,7 @@ class CaptureCelery(Celery):  # type: ignore[misc]
         parts.start_capturing()
         return parts.processor
 
-    def publish_rows(self, run: str, ids: list[str]) -> object:
+    def publish_samples(self, run: str, ids: list[str]) -> object:
         """Send rows back to the capture queue ahead of new work (reconciler, hand-back)."""
         return self.publish(run, ids, urgent=True)
 
@@ -69,26 +65,19 @@ class CaptureCelery(Celery):  # type: ignore[misc]
         """One capture task per row id on the capture queue."""
         return publish(self, self.settings.queue, run, ids, urgent=urgent, task=CAPTURE_TASK)
 
+    def _started(self) -> None:
+        self.parts().start()
+
+    def _shut_down(self) -> None:
+        if self._parts is not None:
+            self._parts.close()
+
 
 def create_capture_app(
     settings: Settings, model_dir: str | None = None, device: str = "cpu"
-) -> CaptureCelery:
-    """A configured capture app (``settings`` as given, or made capture's by the caller)."""
-    kombu_fix.apply()
-    app = CaptureCelery(capture_settings(settings), model_dir, device)
-    register_tasks(app, app.settings, app.processor, app.publish_rows, name=CAPTURE_TASK)
-    _connect_signals(app)
+) -> CaptureApp:
+    """A configured capture app; connects to nothing, loads no model until a task needs it."""
+    app = CaptureApp(settings, model_dir, device)
+    register_tasks(app, app.settings, app.processor, app.publish_samples, name=CAPTURE_TASK)
+    connect_signals(app, app._started, lambda: None, app._shut_down)
     return app
-
-
-def _connect_signals(app: CaptureCelery) -> None:
-    def on_ready(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is app:
-            app.parts().start()
-
-    def on_shutdown(sender: Any = None, **_: Any) -> None:
-        if app._parts is not None and getattr(sender, "app", app) is app:
-            app._parts.close()
-
-    signals.worker_ready.connect(on_ready, weak=False)
-    signals.worker_shutdown.connect(on_shutdown, weak=False)

@@ -22,7 +22,7 @@ from collector.sink import JsonlSink
 from common.errors import CollectorFenced, ConfigError
 from common.settings import Settings
 from common.store import RunStore
-from worker.ticker import Ticker
+from worker.pipeline.ticker import Ticker
 
 log = logging.getLogger("eaglegen.capture")
 MANIFEST = "manifest.jsonl"

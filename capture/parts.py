@@ -16,9 +16,9 @@ from capture.store import CaptureStore
 from common.keys import capture_reconciler_lock_key
 from common.settings import Settings
 from common.store import RunStores, connect
-from worker.leases import LeaseKeeper
-from worker.reconcile import ReconcilerLoop
-from worker.ticker import Ticker
+from worker.pipeline.leases import LeaseKeeper
+from worker.pipeline.reconcile import ReconcilerLoop
+from worker.pipeline.ticker import Ticker
 
 
 class CaptureParts:

@@ -27,7 +27,7 @@ from capture.store import CaptureStore
 from common import errors
 from common.models import Failure
 from common.stats import StatsRecorder
-from worker.leases import LeaseKeeper
+from worker.pipeline.leases import LeaseKeeper
 
 log = logging.getLogger("eaglegen.capture")
 
