@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from producer.tools import ToolConversation, ToolRowError, is_tool_row, parse_tool_row
+
 FORMATS = ("openai", "sharegpt", "turns", "prompt")
 PROMPT_COLUMNS = ("prompt", "question", "instruction")
 _SHAREGPT_ROLES = {
@@ -33,6 +35,7 @@ class Prompt:
 
     system: str | None
     user_turns: list[str]
+    tools: ToolConversation | None = None  # a tool-calling conversation (producer/tools.py)
 
 
 def detect_format(row: dict[str, Any]) -> str | None:
@@ -55,7 +58,8 @@ def to_prompt(row: dict[str, Any], fmt: str) -> Prompt:
         messages = row.get(key)
         if not isinstance(messages, list):
             raise InvalidRow(f"no '{key}' list (format {fmt})")
-        prompt = _from_messages(messages)
+        prompt = _tool_prompt(row, messages) if is_tool_row(row, messages) else None
+        prompt = prompt or _from_messages(messages)
     elif fmt == "turns":
         prompt = Prompt(_optional_text(row, "system"), _turns(row.get("turns")))
     elif fmt == "prompt":
@@ -65,6 +69,14 @@ def to_prompt(row: dict[str, Any], fmt: str) -> Prompt:
     if not prompt.user_turns:
         raise InvalidRow("no user turn")
     return prompt
+
+
+def _tool_prompt(row: dict[str, Any], messages: list[Any]) -> Prompt:
+    try:
+        found = parse_tool_row(row, messages)
+    except ToolRowError as exc:
+        raise InvalidRow(str(exc)) from exc
+    return Prompt(found.system, found.user_turns, found)
 
 
 def _from_messages(messages: list[Any]) -> Prompt:

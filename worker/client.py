@@ -201,12 +201,14 @@ class ChatClient:
         turn: int = 0,
         resume: Checkpoint | None = None,
         progress: Progress | None = None,
+        fields: dict[str, Any] | None = None,
     ) -> TurnResult:
         """Generate assistant turn ``turn``, or continue it from ``resume``.
 
         ``check`` runs per network read and may raise to abort; ``progress`` is offered a
         checkpoint when it says one is due. An error that breaks the stream carries the
-        checkpoint of what had arrived (``exc.checkpoint``).
+        checkpoint of what had arrived (``exc.checkpoint``). ``fields``: what the sample adds
+        to every request (its ``tools`` and ``tool_choice``).
         """
         model = self.model()
         if resume is not None and self._resumable(resume, model):
@@ -214,7 +216,7 @@ class ChatClient:
             if resumed is not None:
                 return resumed
         ask = self.ids.ask()
-        body = chat_body(model, messages, params, ask)
+        body = chat_body(model, messages, params, ask, fields)
         try:
             result = self._turn(
                 self._chat_url, body, TurnStream(self.endpoint, model, turn), check, progress
@@ -222,7 +224,7 @@ class ChatClient:
         except errors.BadRequest as exc:
             if not (ask and self.ids.refused(exc)):
                 raise
-            body = chat_body(model, messages, params, False)
+            body = chat_body(model, messages, params, False, fields)
             result = self._turn(
                 self._chat_url, body, TurnStream(self.endpoint, model, turn), check, progress
             )
@@ -324,9 +326,14 @@ class ChatClient:
         self._http.close()
 
 
-def chat_body(model: str, messages: Messages, params: GenParams, token_ids: bool) -> bytes:
-    """The JSON body of one streamed chat completion."""
+def chat_body(
+    model: str, messages: Messages, params: GenParams, token_ids: bool,
+    fields: dict[str, Any] | None = None,
+) -> bytes:  # fmt: skip
+    """The JSON body of one streamed chat completion (``fields``: the sample's tools)."""
     body = _chat_fields(model, messages, params, params.max_tokens)
+    if fields:
+        body.update(fields)
     if token_ids:
         body["return_token_ids"] = True
     return _encode(body)

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import redis
 
@@ -340,6 +341,7 @@ class _MeteredClient(ChatClient):
     def complete(
         self, messages: Messages, params: GenParams, check: Check | None = None, *,
         turn: int = 0, resume: Checkpoint | None = None, progress: Progress | None = None,
+        fields: dict[str, Any] | None = None,
     ) -> TurnResult:  # fmt: skip
         """Generate one turn within the budget; an aborted stream pays what the server spent."""
         prompt = estimate_prompt_tokens(messages)
@@ -347,8 +349,9 @@ class _MeteredClient(ChatClient):
         used = reserved  # unknown (an abort of ours): the reservation stands
         try:
             result = super().complete(
-                messages, params, check, turn=turn, resume=resume, progress=progress
-            )
+                messages, params, check, turn=turn, resume=resume, progress=progress,
+                fields=fields,
+            )  # fmt: skip
             used = result.usage.prompt_tokens + result.usage.completion_tokens
             return result
         except errors.GenerationError as exc:
