@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import redis
 
-from common import errors
+from common import errors, tool_counts
 from common.logs import secrets_of
 from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
 from common.redact import redact
@@ -240,6 +240,8 @@ class SampleProcessor:
         record = build(store.run, sample, params, turns, attempts)
         tokens = sum(t.usage.completion_tokens for t in turns)
         outcome = self._store(store, sample.id, record.to_json(), tokens, token)
+        if outcome == "stored" and sample.script is not None:
+            tool_counts.count(store.r, store.keys, record)
         self.observer.finished(store.run, tokens, kept=outcome == "stored")
         log.debug(
             "sample run=%s id=%s outcome=%s turns=%d tokens=%d attempts=%d latency_s=%.2f",
