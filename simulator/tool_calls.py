@@ -46,7 +46,7 @@ def chosen_calls(
     specs = {_name(t): t for t in tools if _name(t)}
     if not specs or tool_choice == "none":
         return []
-    names = _named(messages, list(specs))
+    names = named_functions(messages, list(specs))
     if isinstance(tool_choice, Mapping):
         wanted = (tool_choice.get("function") or {}).get("name")
         names = [wanted] if wanted in specs else names
@@ -66,7 +66,7 @@ def _name(tool: Mapping[str, Any]) -> str:
     return name if isinstance(name, str) else ""
 
 
-def _named(messages: Sequence[Message], names: list[str]) -> list[str]:
+def named_functions(messages: Sequence[Message], names: list[str]) -> list[str]:
     """Functions named since the last assistant turn, in order of first appearance."""
     tail: list[str] = []
     for message in reversed(messages):
