@@ -8,7 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from producer.tools import ToolConversation, ToolRowError, is_tool_row, parse_tool_row
+from producer.tools import (
+    ToolConversation,
+    ToolRowError,
+    content_text,
+    is_tool_row,
+    parse_tool_row,
+)
 
 FORMATS = ("openai", "sharegpt", "turns", "prompt")
 PROMPT_COLUMNS = ("prompt", "question", "instruction")
@@ -103,17 +109,10 @@ def _role(message: dict[str, Any], index: int) -> str:
 
 
 def _text(value: Any, where: str) -> str:
-    # OpenAI content may be a list of parts; only text parts can be regenerated from.
-    if isinstance(value, list):
-        parts = [p.get("text") for p in value if isinstance(p, dict) and p.get("type") == "text"]
-        if len(parts) != len(value) or not all(isinstance(p, str) for p in parts):
-            raise InvalidRow(f"{where} has non-text content parts")
-        value = "".join(parts)  # type: ignore[arg-type]
-    if not isinstance(value, str):
-        raise InvalidRow(f"{where} content is {type(value).__name__}, not a string")
-    if not value.strip():
-        raise InvalidRow(f"{where} is empty")
-    return value
+    try:
+        return content_text(value, where)
+    except ToolRowError as exc:
+        raise InvalidRow(str(exc)) from exc
 
 
 def _turns(value: Any) -> list[str]:

@@ -149,16 +149,21 @@ def _message(role: str, raw: dict[str, Any], i: int, names: set[str]) -> Message
 
 
 def _text(raw: dict[str, Any], i: int, empty_ok: bool = False) -> str:
-    value = raw.get("content", raw.get("value"))
-    if isinstance(value, list):  # OpenAI content parts: text parts only
+    return content_text(raw.get("content", raw.get("value")), f"message {i}", empty_ok)
+
+
+def content_text(value: Any, where: str, empty_ok: bool = False) -> str:
+    """A message's text; OpenAI content parts are joined (only text parts can be regenerated
+    from). ToolRowError if there is none."""
+    if isinstance(value, list):
         parts = [p.get("text") for p in value if isinstance(p, dict) and p.get("type") == "text"]
         if len(parts) != len(value) or not all(isinstance(p, str) for p in parts):
-            raise ToolRowError(f"message {i} has non-text content parts")
+            raise ToolRowError(f"{where} has non-text content parts")
         value = "".join(parts)  # type: ignore[arg-type]
     if not isinstance(value, str):
-        raise ToolRowError(f"message {i} content is {type(value).__name__}, not a string")
+        raise ToolRowError(f"{where} content is {type(value).__name__}, not a string")
     if not empty_ok and not value.strip():
-        raise ToolRowError(f"message {i} is empty")
+        raise ToolRowError(f"{where} is empty")
     return value
 
 

@@ -80,7 +80,8 @@ def openai_rows() -> list[dict]:
     rows.append({"tools": TOOLS, "messages": [  # mismatch at turn 1: told get_time, converted
         {"role": "user", "content": "What does a coffee cost in Tokyo? Use search."},
         {"role": "assistant", "content": "", "tool_calls": [_call(1, "search", query="coffee")]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "500 yen; for the hour use get_time."},
+        {"role": "tool", "tool_call_id": "call_1",
+         "content": "500 yen; for the hour use get_time."},
         {"role": "assistant", "content": "",
          "tool_calls": [_call(2, "convert_currency", amount=500, to="EUR")]},
         {"role": "tool", "tool_call_id": "call_2", "content": "3.10 EUR"},

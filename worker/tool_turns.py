@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.models import Generation, GenParams, Message, Record, Sample, TurnResult, Usage
+from common.models import GenParams, Message, Record, Sample, TurnResult
+from worker.generate import generation_of
 
 Messages = list[dict[str, Any]]
 MISMATCH = "tool_call_mismatch"
@@ -138,16 +139,8 @@ def build_tool_record(
 ) -> Record:
     """The JSONL record of a finished tool-calling sample."""
     found = walk(sample, params, turns)
-    last = turns[-1]
-    usage = Usage(
-        prompt_tokens=sum(t.usage.prompt_tokens for t in turns),
-        completion_tokens=sum(t.usage.completion_tokens for t in turns),
-    )
-    generation = Generation(
-        model=last.model, endpoint=last.endpoint, finish_reason=last.finish_reason, usage=usage,
-        turns=[t.stats() for t in turns], attempts=attempts,
-        latency_s=round(sum(t.latency_s for t in turns), 3), params=params,
-        stop_reason=MISMATCH if found.stop_turn is not None else None,
+    generation = generation_of(
+        params, turns, attempts, stop_reason=MISMATCH if found.stop_turn is not None else None,
         stop_turn=found.stop_turn, tool_arguments_differ=found.arguments_differ,
     )  # fmt: skip
     conversation = [Message.model_validate(m) for m in found.conversation]

@@ -4,9 +4,11 @@ simulator, the collector, ``tokenize`` and ``export``."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from producer.formats import to_prompt
+from producer.tools import ToolConversation
 from simulator.hf_tokenizer import save
 from simulator.tool_calls import named_functions
 from tests.harness import ROOT
@@ -31,6 +33,24 @@ def expected_stops() -> dict[str, int | None]:
     """First user/tool text of each valid source row -> the turn its conversation stops at (the
     simulator calls the functions the messages name), None when kept whole."""
     out: dict[str, int | None] = {}
+    for found in _conversations():
+        names = [t["function"]["name"] for t in found.tools]
+        since: list[dict] = []
+        stop, turn = None, 0
+        for m in found.messages:
+            if m["role"] != "assistant":
+                since.append(m)
+                continue
+            made = named_functions(since, names)
+            if stop is None and made != [c["function"]["name"] for c in m.get("tool_calls", [])]:
+                stop = turn
+            since, turn = [], turn + 1
+        out[_key(found.tools, found.messages[0]["content"])] = stop
+    return out
+
+
+def _conversations() -> Iterator[ToolConversation]:
+    """The valid rows of the bundled sample, as the producer reads them."""
     for path in VALID:
         fmt = "openai" if path == OPENAI else "sharegpt"
         for row in _rows(path):
@@ -39,21 +59,7 @@ def expected_stops() -> dict[str, int | None]:
             except ValueError:
                 continue
             assert found is not None
-            names = [t["function"]["name"] for t in found.tools]
-            since: list[dict] = []
-            stop, turn = None, 0
-            for m in found.messages:
-                if m["role"] != "assistant":
-                    since.append(m)
-                    continue
-                made = named_functions(since, names)
-                if stop is None and made != [
-                    c["function"]["name"] for c in m.get("tool_calls", [])
-                ]:
-                    stop = turn
-                since, turn = [], turn + 1
-            out[_key(found.tools, found.messages[0]["content"])] = stop
-    return out
+            yield found
 
 
 def _key(tools: list[dict], first: str) -> str:
@@ -167,14 +173,4 @@ def test_original_history_answers_every_source_turn(stack: Stack):
 
 
 def _source_assistant_turns() -> int:
-    count = 0
-    for path in VALID:
-        fmt = "openai" if path == OPENAI else "sharegpt"
-        for row in _rows(path):
-            try:
-                found = to_prompt(row, fmt).tools
-            except ValueError:
-                continue
-            assert found is not None
-            count += sum(m["role"] == "assistant" for m in found.messages)
-    return count
+    return sum(m["role"] == "assistant" for c in _conversations() for m in c.messages)
