@@ -95,13 +95,13 @@ class Feeder:
             dataset=self.info.dataset, split=self.info.split, row=row.index,
             format=self.counts.format or "?",
         )  # fmt: skip
-        sample = Sample(id=sid, system=prompt.system, user_turns=prompt.user_turns, source=source)
-        if prompt.tools is not None:
-            found = prompt.tools
-            sample.tools, sample.tool_choice, sample.script = (
-                found.tools, found.tool_choice, found.messages,
-            )  # fmt: skip
-        return sample
+        found = prompt.tools
+        if found is None:
+            return Sample(id=sid, system=prompt.system, user_turns=prompt.user_turns, source=source)
+        return Sample(
+            id=sid, system=prompt.system, user_turns=prompt.user_turns, source=source,
+            tools=found.tools, tool_choice=found.tool_choice, script=found.messages,
+        )  # fmt: skip
 
     def _format_of(self, data: dict[str, object]) -> str:
         # Auto-detection is per file: the first readable row decides, the rest must match.

@@ -345,6 +345,8 @@ class _MeteredClient(ChatClient):
     ) -> TurnResult:  # fmt: skip
         """Generate one turn within the budget; an aborted stream pays what the server spent."""
         prompt = estimate_prompt_tokens(messages)
+        if fields:  # the tools' definitions are prompt tokens too
+            prompt += len(str(fields)) // 4
         reserved = self._limiter.reserve_tokens(prompt + params.max_tokens, check)
         used = reserved  # unknown (an abort of ours): the reservation stands
         try:
