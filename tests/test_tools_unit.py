@@ -8,8 +8,14 @@ from common.ids import sample_id
 from common.models import GenParams, Sample, SourceRef, TurnResult
 from producer.formats import InvalidRow, to_prompt
 from producer.tools import tool_identity
-from worker.stream import TurnStream
-from worker.tool_turns import MISMATCH, answer_tool_turns, build_tool_record, request_fields, walk
+from worker.chat.stream import TurnStream
+from worker.pipeline.tool_turns import (
+    MISMATCH,
+    answer_tool_turns,
+    build_tool_record,
+    request_fields,
+    walk,
+)
 
 WEATHER = {
     "type": "function",

@@ -1,10 +1,10 @@
 """The one place that talks HTTP to an OpenAI-compatible server.
 
-A thin client: the request body is one ``json.dumps``, the HTTP is :mod:`worker.transport`
+A thin client: the request body is one ``json.dumps``, the HTTP is :mod:`worker.chat.transport`
 (keep-alive connections on ``http.client``) and the stream is read by one decoder
-(:mod:`worker.stream`), bytes in, the turn out. The openai SDK's request building cost about
-1 ms per request, its line reader about 15 us per streamed token, httpx's HTTP layer about
-18 us per streamed token (bench/bench_client.py). Requests are streamed: the read timeout is
+(:mod:`worker.chat.stream`), bytes in, the turn out: the openai SDK's request building and line
+reader and httpx's HTTP layer each cost more per streamed token than this path does
+(bench/bench_client.py compares them). Requests are streamed: the read timeout is
 the stall timeout (no byte for N seconds), so a slow generation that keeps producing tokens is
 never cut, while a dead stream is noticed. Transport errors and HTTP statuses are translated
 here, once, into the EagleGen exception tree.
@@ -30,9 +30,9 @@ from typing import Any, Protocol
 from common import errors
 from common.models import Checkpoint, GenParams, TurnResult
 from common.settings import Settings
-from worker import transport
-from worker.reasoning import partial_message
-from worker.stream import CompletionStream, TurnStream
+from worker.chat import transport
+from worker.chat.reasoning import partial_message
+from worker.chat.stream import CompletionStream, TurnStream
 
 Messages = list[dict[str, Any]]
 Check = Callable[[], None]

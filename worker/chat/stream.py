@@ -12,8 +12,8 @@ from typing import Any
 
 from common import errors
 from common.models import Checkpoint, TurnResult, Usage
-from worker.reasoning import continue_text, finish_text
-from worker.tool_calls import ToolCallParts
+from worker.chat.reasoning import continue_text, finish_text
+from worker.chat.tool_calls import ToolCallParts
 
 # The JSON scanner at an offset (json.loads would first copy the payload out and re-check it).
 _scan = json.JSONDecoder().raw_decode

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.models import GenParams, Message, Record, Sample, TurnResult
-from worker.generate import generation_of
+from worker.pipeline.generate import generation_of
 
 Messages = list[dict[str, Any]]
 MISMATCH = "tool_call_mismatch"
