@@ -15,8 +15,9 @@ endpoint gives them is learned from its first answers and remembered (:class:`Id
 A turn cut short continues from a :class:`~common.models.Checkpoint` (docs/resume.md):
 exactly from its token ids on ``/v1/completions``, else from its text with
 ``continue_final_message``, and only where the server proves it continues (else the turn
-starts again: an answer given afresh is never joined to the partial). While a turn streams, a :class:`Progress` is offered checkpoints,
-and an error that breaks a stream carries the checkpoint of what had arrived.
+starts again: an answer given afresh is never joined to the partial). While a turn streams,
+a :class:`Progress` is offered checkpoints, and an error that breaks a stream carries the
+checkpoint of what had arrived.
 """
 
 from __future__ import annotations
