@@ -11,7 +11,17 @@ from typing import Annotated, Any
 
 import redis
 import typer
+from rich.console import Console
 
+from cli.gen_options import (
+    GenerationConfigOpt,
+    MaxTokensOpt,
+    MinPOpt,
+    TemperatureOpt,
+    TopKOpt,
+    TopPOpt,
+    sampling_values,
+)
 from cli.shared import (
     RunOpt,
     console,
@@ -25,7 +35,10 @@ from cli.shared import (
 )
 from common.errors import EagleGenError
 from common.models import GenParams
+from common.params import validated
 from common.redact import redact_url
+
+WHOLE_WIDTH = 100_000  # columns for output that is not a terminal: nothing is cut
 
 app = typer.Typer(
     help="EagleGen: generate EAGLE-3 training data from vLLM servers over Celery + Redis.",
@@ -49,9 +62,12 @@ def enqueue(
     turns: Annotated[
         str, typer.Option(help="all: regenerate every turn; first: only the first.")
     ] = "all",
-    max_tokens: Annotated[int, typer.Option(min=1)] = 2048,
-    temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
-    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
+    max_tokens: MaxTokensOpt = None,
+    temperature: TemperatureOpt = None,
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    min_p: MinPOpt = None,
+    generation_config: GenerationConfigOpt = None,
     thinking: Annotated[
         bool | None,
         typer.Option("--thinking/--no-thinking", help="Pass enable_thinking to the template."),
@@ -69,10 +85,13 @@ def enqueue(
         fail(f"--turns must be all or first, not {turns!r}", 2)
     settings = load_settings(run=run, max_pending=max_pending)
     kwargs = {"enable_thinking": thinking} if thinking is not None else None
-    params = GenParams(
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, turns=turns,  # type: ignore[arg-type]
-        system=system, chat_template_kwargs=kwargs,
-    )  # fmt: skip
+    sampling = sampling_values(
+        generation_config, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p
+    )
+    fields = {"turns": turns, "system": system, "chat_template_kwargs": kwargs, **sampling}
+    if max_tokens is not None:
+        fields["max_tokens"] = max_tokens
+    params = validated(GenParams, fields)
     run_enqueue(settings, open_store(settings), source, params, fmt, split, subset, limit)
 
 
@@ -161,12 +180,14 @@ def status(
         if (summary := store.retired_summary()) is not None:
             fail(f"run {settings.run!r} is retired: {json.dumps(summary)}")
         fail(f"no run named {settings.run!r} in {redact_url(settings.redis_url)}")
+    # Piped or redirected: whole lines (no URL or message cut to a terminal's width).
+    view = out if out.is_terminal else Console(width=WHOLE_WIDTH, soft_wrap=True)
     if watch:
-        status_view.watch(out, store, settings, interval)
+        status_view.watch(view, store, settings, interval)
     elif as_json:
-        out.print_json(json.dumps(status_view.gather(store, settings)))
+        print(json.dumps(status_view.gather(store, settings), indent=2))
     else:
-        out.print(status_view.render(status_view.gather(store, settings)))
+        view.print(status_view.render(status_view.gather(store, settings), out.is_terminal))
 
 
 @app.command("retry-failed")

@@ -20,6 +20,7 @@ from common.errors import RunMismatch, RunRetired
 from common.keys import ATTEMPTS_SUFFIX, CHECKPOINT_SUFFIX, RunKeys, retired_runs_key, runs_key
 from common.locks import HeldLock
 from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
+from common.params import validated
 from common.redis_url import is_sentinel, sentinel_master_client
 
 # Explicit, whatever redis-py's default: no Redis command here may block for longer.
@@ -130,7 +131,7 @@ class RunStore:
             self._ensure_queue(queue)
         if self.r.hsetnx(self.keys.meta, "params", wanted):
             return
-        stored = GenParams.model_validate_json(str(self.r.hget(self.keys.meta, "params")))
+        stored = validated(GenParams, str(self.r.hget(self.keys.meta, "params")))
         if stored != params:
             diff = _describe_diff(stored, params)
             raise RunMismatch(
@@ -157,7 +158,20 @@ class RunStore:
     def params(self) -> GenParams | None:
         """The run's parameters, if it exists."""
         raw = self.r.hget(self.keys.meta, "params")
-        return GenParams.model_validate_json(str(raw)) if raw else None
+        return validated(GenParams, str(raw)) if raw else None  # InvalidParams: one line
+
+    def meta_value(self, name: str) -> str | None:
+        """A field of the run's meta hash (the breaker's state, say)."""
+        raw = self.r.hget(self.keys.meta, name)
+        return str(raw) if raw else None
+
+    def set_meta_once(self, name: str, value: str) -> bool:
+        """Set a meta field unless it is set; True if this call set it."""
+        return bool(self.r.hsetnx(self.keys.meta, name, value))
+
+    def drop_meta(self, name: str) -> None:
+        """Remove a meta field."""
+        self.r.hdel(self.keys.meta, name)
 
     def exists(self) -> bool:
         """Whether the run was ever created."""

@@ -19,6 +19,7 @@ from worker import kombu_fix
 from worker.clock_watch import ClockWatch
 from worker.config import celery_config
 from worker.endpoints import EndpointPool
+from worker.heartbeat import Heartbeat
 from worker.lean_messages import LeanAMQP
 from worker.leases import LeaseKeeper
 from worker.observe import Observer
@@ -42,6 +43,7 @@ class WorkerParts:
         )
         self.reconciler = ReconcilerLoop(self.redis, settings, hand_back)
         self.clock = ClockWatch(self.redis, settings)
+        self.heartbeat = Heartbeat(self.redis, settings, self.leases.count)
 
     def start_generating(self) -> None:
         """What a task needs running: lease renewal, the endpoints' threads, statistics."""
@@ -55,9 +57,11 @@ class WorkerParts:
         self.observer.start()
         self.reconciler.start()
         self.clock.start()
+        self.heartbeat.start()
 
     def close(self) -> None:
         """Stop every thread, give back endpoint slots, close connections."""
+        self.heartbeat.close()
         self.clock.close()
         self.reconciler.close()
         self.observer.close()

@@ -20,11 +20,13 @@ from typing import Protocol
 import redis
 
 from common import errors
+from common.keys import CUT_TURNS, DROPPED_TURNS
 from common.logs import secrets_of
 from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
 from common.redact import redact
 from common.settings import Settings
 from common.store import RunStore, Taken
+from worker.breaker import Breaker
 from worker.checkpoints import TurnCheckpoints
 from worker.client import Messages
 from worker.generate import answer_turns, build_record
@@ -91,6 +93,7 @@ class SampleProcessor:
         self.observer = observer
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._params: dict[str, GenParams] = {}
+        self.breaker = Breaker()
         self._drain_deadline: float | None = None
 
     def begin_drain(self) -> None:
@@ -125,6 +128,7 @@ class SampleProcessor:
             self.leases.drop(run, sample_id)
 
     def _under_lease(self, store: RunStore, sample_id: str, retries: int) -> str:
+        self.breaker.check(store)  # open: failed at once, not sent to fail at the server
         token = f"{self.owner}:{uuid.uuid4().hex[:8]}"
         taken = store.take(sample_id, token, self.settings.lease_ttl, retries)
         if taken.outcome != "ok":
@@ -153,6 +157,7 @@ class SampleProcessor:
             log.info("not failing %s/%s: another worker is generating it", run, sample_id)
             return
         log.warning("failed %s/%s: %s", run, sample_id, failure.message)
+        self.breaker.failed(store, failure)
 
     def count_retry(self, run: str) -> None:
         """A transient failure will be retried after its backoff."""
@@ -165,7 +170,7 @@ class SampleProcessor:
         if taken.sample is None:
             raise errors.PermanentError(f"sample {sample_id} has no stored prompt")
         sample = taken.sample
-        params = self.params(store.run)
+        params = sample.params or self.params(store.run)  # retry-failed may have set its own
         call = self._caller(store, taken, token, params, self._checker(sample_id, cancelled))
         turns = answer_turns(
             sample, params, taken.partial, call=call,
@@ -233,6 +238,8 @@ class SampleProcessor:
         tokens = sum(t.usage.completion_tokens for t in turns)
         outcome = self._store(store, sample.id, record.to_json(), tokens, token)
         self.observer.finished(store.run, tokens, kept=outcome == "stored")
+        if outcome == "stored":
+            _count_cut(store, params, sample, turns)
         log.debug(
             "sample run=%s id=%s outcome=%s turns=%d tokens=%d attempts=%d latency_s=%.2f",
             store.run, sample.id, outcome, len(turns), tokens, attempts,
@@ -254,3 +261,14 @@ class SampleProcessor:
                 log.warning("storing %s/%s failed (%s); trying again", store.run, sample_id, exc)
                 time.sleep(pause)
                 pause = min(pause * 2, 5.0)
+
+
+def _count_cut(store: RunStore, params: GenParams, sample: Sample, turns: list[TurnResult]) -> None:
+    """Turns cut at max_tokens, and the later user turns they left unanswered (a cut turn
+    ends its conversation): counted for ``status``, only for samples that have them."""
+    cut = sum(1 for t in turns if t.finish_reason == "length")
+    dropped = len(params.turns_of(sample.user_turns)) - len(turns)
+    if cut:
+        store.incr(CUT_TURNS, cut)
+    if dropped:
+        store.incr(DROPPED_TURNS, dropped)
