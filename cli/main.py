@@ -129,26 +129,28 @@ def collect(
 ) -> None:
     """Move finished samples from Redis to a JSONL file (exactly one line per sample)."""
     from collector.collect import Collector
+    from collector.files import created_files
     from collector.sink import JsonlSink
     from common.logs import setup_logging
 
     settings = load_settings(run=run)
     setup_logging(settings)
     store = open_store(settings)
-    sink = JsonlSink(out_path, settings.run)
-    stop = stop_on_signals()
-    collector = Collector(store, sink, settings.collect_batch, settings.collector_lock_ttl)
-    try:
-        if once:
-            stats = _collect_with_progress(collector, stop, store.ready_count())
-        else:
-            stats = collector.run(stop)
-    finally:
-        sink.close()
-    console.print(
+    with created_files(out_path):  # a collector that gives up leaves no empty file behind
+        sink = JsonlSink(out_path, settings.run)
+        stop = stop_on_signals()
+        collector = Collector(store, sink, settings.collect_batch, settings.collector_lock_ttl)
+        try:
+            if once:
+                stats = _collect_with_progress(collector, stop, store.ready_count())
+            else:
+                stats = collector.run(stop)
+        finally:
+            sink.close()
+    out.print(
         f"collected {stats.written} records into {out_path} "
-        f"(already in the file: {stats.skipped_present})"
-    )
+        f"(already in the file: {stats.skipped_present})", highlight=False,
+    )  # fmt: skip
 
 
 def _collect_with_progress(collector: Any, stop: threading.Event, total: int) -> Any:
@@ -188,19 +190,6 @@ def status(
         print(json.dumps(status_view.gather(store, settings), indent=2))
     else:
         view.print(status_view.render(status_view.gather(store, settings), out.is_terminal))
-
-
-@app.command("retry-failed")
-def retry_failed(run: RunOpt = None) -> None:
-    """Put a run's failed samples back in the queue."""
-    from worker.app import create_app
-    from worker.publish import publish
-
-    settings = load_settings(run=run)
-    store = open_store(settings)
-    ids = store.requeue_failed()
-    sent = publish(create_app(settings), settings.queue, settings.run, ids)
-    console.print(f"requeued {sent} failed samples of run {settings.run!r}")
 
 
 @app.command()
@@ -253,11 +242,11 @@ def demo(
 
 def _register_plugins() -> None:
     # Other roles register their own commands; a missing extra only disables those.
-    from cli import endpoints_cmd, runs_cmd
+    from cli import endpoints_cmd, failed_cmd, runs_cmd
     from simulator import cli as simulator_cli
     from training import cli as training_cli
 
-    for module in (simulator_cli, training_cli, endpoints_cmd, runs_cmd):
+    for module in (simulator_cli, training_cli, endpoints_cmd, runs_cmd, failed_cmd):
         module.register(app)
 
 

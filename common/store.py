@@ -344,6 +344,18 @@ class RunStore:
         raw = self.r.hgetall(self.keys.failed)
         return {str(i): Failure.model_validate_json(str(v)) for i, v in raw.items()}
 
+    def failed_samples(self, ids: list[str]) -> list[Sample | None]:
+        """The stored prompts of failed samples (None where none is kept)."""
+        if not ids:
+            return []
+        raw = self.r.hmget(self.keys.prompts, ids)
+        return [Sample.model_validate_json(v) if v else None for v in raw]
+
+    def replace_failed_samples(self, samples: list[Sample]) -> None:
+        """Store new versions of failed samples' prompts (their own parameters, say)."""
+        if samples:
+            self.r.hset(self.keys.prompts, mapping={s.id: s.model_dump_json() for s in samples})
+
     def requeue_failed(self, limit: int = 10_000_000) -> list[str]:
         """Move failed samples back to pending; returns their ids (to be published)."""
         k = self.keys
