@@ -12,8 +12,19 @@ PREFIX = "EAGLEGEN_"
 # Read by the Makefile, compose files and test tiers, not by the settings object.
 TOOLING_PREFIXES = ("TEST_", "BENCH_", "VLLM_", "TLS_", "COMPOSE_")
 TOOLING = frozenset(
-    "ENV_FILE GID UID IMAGE INPUT_DIR OUT_DIR SOURCE STATE_DIR REDIS_MAXMEMORY TRAINERS_VENV "
-    "CAPACITY_REDIS_URL".split()
+    [
+        "ENV_FILE",
+        "GID",
+        "UID",
+        "IMAGE",
+        "INPUT_DIR",
+        "OUT_DIR",
+        "SOURCE",
+        "STATE_DIR",
+        "REDIS_MAXMEMORY",
+        "TRAINERS_VENV",
+        "CAPACITY_REDIS_URL",
+    ]
 )
 
 
