@@ -13,14 +13,14 @@ from collector.id_index import IdIndex
 @contextlib.contextmanager
 def created_files(out: Path) -> Iterator[None]:
     """On an error in the body, remove the output file and its id index if the body created
-    them and they are still empty."""
-    paths = [out, IdIndex(out).path]
-    new = [p for p in paths if not p.exists()]
+    the output file and wrote no line to it (an index of nothing goes with it)."""
+    index = IdIndex(out).path
+    new = [p for p in (out, index) if not p.exists()]
     try:
         yield
     except BaseException:
-        for path in new:
-            with contextlib.suppress(OSError):
-                if path.exists() and path.stat().st_size == 0:
-                    path.unlink()
+        with contextlib.suppress(OSError):
+            if out in new and out.exists() and out.stat().st_size == 0:
+                for path in new:
+                    path.unlink(missing_ok=True)
         raise

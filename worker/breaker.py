@@ -78,6 +78,8 @@ class Breaker:
         failures are ``TRIP_AFTER`` or more, all permanent and of one kind."""
         if failure.kind not in PERMANENT:
             return
+        with self._lock:  # the next sample reads the breaker afresh: it may open now
+            self._seen.pop(store.run, None)
         counts = store.counts()
         if counts.done > 0 or not TRIP_AFTER <= counts.failed <= LOOK_MAX:
             return
