@@ -344,6 +344,11 @@ class RunStore:
         raw = self.r.hgetall(self.keys.failed)
         return {str(i): Failure.model_validate_json(str(v)) for i, v in raw.items()}
 
+    def some_failures(self, count: int) -> list[Failure]:
+        """Up to ``count`` failures picked at random (HRANDFIELD: O(count), whatever the run)."""
+        flat = self.r.hrandfield(self.keys.failed, count, withvalues=True) or []
+        return [Failure.model_validate_json(str(v)) for v in flat[1::2]]
+
     def failed_samples(self, ids: list[str]) -> list[Sample | None]:
         """The stored prompts of failed samples (None where none is kept)."""
         if not ids:

@@ -145,9 +145,13 @@ class FakeStore:
     def failures(self) -> dict[str, Failure]:
         return dict(self.failed)
 
+    def some_failures(self, count: int) -> list[Failure]:
+        return list(self.failed.values())[:count]
+
     def counts(self) -> RunCounts:
         total, failed = len(self.accepted), len(self.failed)
-        return RunCounts(self.run, total, len(self.pending), 0, failed, 0, 0, 0, 0, None)
+        in_flight = len(self.leases)
+        return RunCounts(self.run, total, len(self.pending), in_flight, failed, 0, 0, 0, 0, None)
 
     # producer side
     def known(self, ids: list[str]) -> list[bool]:

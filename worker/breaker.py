@@ -17,8 +17,8 @@ from common import errors
 from common.models import Failure
 from common.store import RunStore
 
-TRIP_AFTER = 5  # permanent failures of one kind, and no sample answered
-LOOK_MAX = 100  # failed samples read to judge; a run with more has long been judged
+TRIP_AFTER = 5  # permanent failures of one kind (and more than in flight), none answered
+SAMPLE = 50  # failures read (at random) to see that they are all of one kind
 REREAD_S = 2.0
 FIELD = "breaker"
 
@@ -75,15 +75,20 @@ class Breaker:
 
     def failed(self, store: RunStore, failure: Failure) -> None:
         """A sample was failed: open the breaker if no sample of the run was answered and its
-        failures are ``TRIP_AFTER`` or more, all permanent and of one kind."""
+        failures, all permanent and of one kind, are ``TRIP_AFTER`` or more and more than the
+        samples in flight."""
         if failure.kind not in PERMANENT:
             return
         with self._lock:  # the next sample reads the breaker afresh: it may open now
             self._seen.pop(store.run, None)
         counts = store.counts()
-        if counts.done > 0 or not TRIP_AFTER <= counts.failed <= LOOK_MAX:
+        # More failures than samples in flight: those in flight (perhaps long generations
+        # that will succeed) cannot all be the next failures. A run whose first rows are bad
+        # and whose answers take minutes is not judged by its fast-failing first rows.
+        needed = max(TRIP_AFTER, counts.in_flight + 1)
+        if counts.done > 0 or counts.failed < needed:
             return
-        if {f.kind for f in store.failures().values()} != {failure.kind}:
+        if {f.kind for f in store.some_failures(SAMPLE)} != {failure.kind}:
             return
         state = {"kind": failure.kind, "message": failure.message[:300], "after": counts.failed,
                  "at": time.time()}  # fmt: skip

@@ -76,7 +76,7 @@ def test_a_permanent_fault_lands_in_failed_without_retries(stack: Stack, tmp_pat
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     stack.worker(concurrency=2)
     stack.collector()
-    stack.enqueue(source, "--max-tokens", "64")
+    stack.enqueue_unchecked(source, "--max-tokens", "64")  # the long prompt meets a 400
     stack.wait_complete()
     counts = stack.store.counts()
     assert (counts.done, counts.failed, counts.retries) == (1, 1, 0)
