@@ -88,6 +88,9 @@ def test_sampling_left_unset_is_recorded_as_the_servers_and_piped_status_is_whol
 
     status = _status(stack)
     assert status["params"]["temperature"] == "server default"
+    runs = json.loads(stack.procs.run(["runs", "--json"], stack.env).stdout)
+    [row] = [r for r in runs if r["run"] == stack.run_name]
+    assert row["params"]["top_p"] == "server default" and row["params"]["max_tokens"] == 2048
     text = stack.procs.run(["status"], {**stack.env, "COLUMNS": "80"}).stdout
     assert f"{url}/v1" in text  # never cut to the width when piped
     assert "temperature server default" in text
