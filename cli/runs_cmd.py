@@ -11,7 +11,7 @@ from rich.table import Table
 
 from cli.shared import console, fail, load_settings, open_store, out
 from common.errors import InvalidParams
-from common.sampling import describe
+from common.sampling import SERVER_DEFAULT, describe
 from common.store import RunStore
 
 runs_app = typer.Typer(
@@ -41,7 +41,8 @@ def runs(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 def _params_text(params: object) -> str:
     if not isinstance(params, dict):
         return str(params or "-")
-    return ", ".join(f"{k} {v}" for k, v in params.items())
+    chosen = [f"{k} {v}" for k, v in params.items() if v != SERVER_DEFAULT]
+    return ", ".join(chosen) + "; other sampling: the server's defaults"
 
 
 def _rows() -> list[dict[str, object]]:

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from cli.status_truth import truth
 from common.clock import redis_time
+from common.sampling import SAMPLING, SERVER_DEFAULT
 from common.settings import Settings
 from common.stats import Snapshot, eta_seconds, read_snapshot
 from common.store import RunCounts, RunStore
@@ -178,7 +179,10 @@ def _params_line(d: dict[str, Any]) -> Text:
     if d.get("params_error"):
         return Text(f"parameters: {d['params_error']}", style="red")
     params = d.get("params") or {}
-    return Text("parameters: " + ", ".join(f"{k} {v}" for k, v in params.items()))
+    fixed = [f"{k} {v}" for k, v in params.items() if k not in SAMPLING]
+    chosen = [f"{k} {v}" for k, v in params.items() if k in SAMPLING and v != SERVER_DEFAULT]
+    sampling = ", ".join(chosen) + ", others " if chosen else ""
+    return Text(f"parameters: {', '.join(fixed)}; sampling: {sampling}the server's defaults")
 
 
 def _errors_table(d: dict[str, Any], clip: bool = True) -> Table:

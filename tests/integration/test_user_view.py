@@ -55,6 +55,14 @@ def test_status_says_when_no_worker_serves_the_run_and_no_collector_writes_it(
     stack.procs.stop(worker)  # a worker that stops withdraws its heartbeat at once
     assert _status(stack)["workers"] == []
 
+    killed = stack.worker(concurrency=2)
+    wait_for(lambda: _status(stack)["workers"] != [], 30, "the second worker's heartbeat")
+    killed.kill()  # no withdrawal: its heartbeat goes stale
+    stack.enqueue(_prompts(tmp_path, 6))
+    wait_for(lambda: _status(stack)["workers"] == [], 30, "the dead worker to drop out")
+    stale = _status(stack)
+    assert stale["eta_s"] is None and any("no worker is serving" in n for n in stale["notes"])
+
 
 def test_cut_turns_and_the_turns_they_dropped_are_counted(stack: Stack):
     stack.simulator("--min-answer-tokens", "40", "--max-answer-tokens", "60")
@@ -93,7 +101,7 @@ def test_sampling_left_unset_is_recorded_as_the_servers_and_piped_status_is_whol
     assert row["params"]["top_p"] == "server default" and row["params"]["max_tokens"] == 2048
     text = stack.procs.run(["status"], {**stack.env, "COLUMNS": "80"}).stdout
     assert f"{url}/v1" in text  # never cut to the width when piped
-    assert "temperature server default" in text
+    assert "sampling: the server's defaults" in text
 
 
 def test_bad_parameters_are_refused_at_enqueue_in_one_line(stack: Stack, tmp_path):
