@@ -4,7 +4,6 @@ again, under new generation parameters if given, recorded in each one's record).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -16,7 +15,7 @@ from cli.gen_options import (
     TemperatureOpt,
     TopKOpt,
     TopPOpt,
-    sampling_values,
+    given_params,
 )
 from cli.shared import RunOpt, console, fail, load_settings, open_store, out
 from common.models import GenParams, Sample
@@ -87,7 +86,7 @@ def retry_failed(
 
     settings = load_settings(run=run)
     store = open_store(settings)
-    changes = _changes(
+    changes = given_params(
         generation_config, max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         min_p=min_p,
     )  # fmt: skip
@@ -101,15 +100,6 @@ def retry_failed(
     sent = publish(create_app(settings), settings.queue, settings.run, ids)
     shown = f" with {', '.join(f'{k} {v}' for k, v in changes.items())}" if changes else ""
     out.print(f"requeued {sent} failed samples of run {settings.run!r}{shown}", highlight=False)
-
-
-def _changes(
-    generation_config: Path | None, max_tokens: int | None, **sampling: float | int | None
-) -> dict[str, Any]:
-    changes = sampling_values(generation_config, **sampling)
-    if max_tokens is not None:
-        changes["max_tokens"] = max_tokens
-    return changes
 
 
 def _set_params(store: RunStore, base: GenParams, changes: dict[str, Any]) -> None:

@@ -33,6 +33,16 @@ GenerationConfigOpt = Annotated[
 ]
 
 
+def given_params(
+    generation_config: Path | None, max_tokens: int | None, **sampling: float | int | None
+) -> dict[str, Any]:
+    """The generation parameters given on the line (and in a generation config), by name."""
+    given = sampling_values(generation_config, **sampling)
+    if max_tokens is not None:
+        given["max_tokens"] = max_tokens
+    return given
+
+
 def sampling_values(generation_config: Path | None, **given: float | int | None) -> dict[str, Any]:
     """The sampling values to send: the generation config's, then those given on the line."""
     values = read_generation_config(generation_config) if generation_config else {}

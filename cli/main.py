@@ -20,7 +20,7 @@ from cli.gen_options import (
     TemperatureOpt,
     TopKOpt,
     TopPOpt,
-    sampling_values,
+    given_params,
 )
 from cli.shared import (
     RunOpt,
@@ -85,12 +85,11 @@ def enqueue(
         fail(f"--turns must be all or first, not {turns!r}", 2)
     settings = load_settings(run=run, max_pending=max_pending)
     kwargs = {"enable_thinking": thinking} if thinking is not None else None
-    sampling = sampling_values(
-        generation_config, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p
-    )
-    fields = {"turns": turns, "system": system, "chat_template_kwargs": kwargs, **sampling}
-    if max_tokens is not None:
-        fields["max_tokens"] = max_tokens
+    given = given_params(
+        generation_config, max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=min_p,
+    )  # fmt: skip
+    fields = {"turns": turns, "system": system, "chat_template_kwargs": kwargs, **given}
     params = validated(GenParams, fields)
     run_enqueue(settings, open_store(settings), source, params, fmt, split, subset, limit)
 
