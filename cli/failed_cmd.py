@@ -79,10 +79,10 @@ def retry_failed(
 ) -> None:
     """Put a run's failed samples back in the queue, under new generation parameters if given
     (each retried sample keeps them, and its record says so)."""
+    from broker.app import create_broker_app
+    from broker.publish import publish
     from cli.enqueue_cmd import max_prompt_tokens
-    from worker.app import create_app
-    from worker.breaker import reset
-    from worker.publish import publish
+    from worker.pipeline.breaker import reset
 
     settings = load_settings(run=run)
     store = open_store(settings)
@@ -97,7 +97,7 @@ def retry_failed(
         _set_params(store, base, changes)
     reset(store)  # the breaker: the cause was fixed, or the user says so
     ids = store.requeue_failed()
-    sent = publish(create_app(settings), settings.queue, settings.run, ids)
+    sent = publish(create_broker_app(settings), settings.queue, settings.run, ids)
     shown = f" with {', '.join(f'{k} {v}' for k, v in changes.items())}" if changes else ""
     out.print(f"requeued {sent} failed samples of run {settings.run!r}{shown}", highlight=False)
 

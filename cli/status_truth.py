@@ -13,7 +13,7 @@ from common.liveness import collector_alive, live_workers, read_beats
 from common.sampling import describe
 from common.settings import Settings
 from common.store import RunCounts, RunStore
-from worker.breaker import trip_reason
+from worker.pipeline.breaker import trip_reason
 
 
 def truth(store: RunStore, settings: Settings, counts: RunCounts) -> dict[str, Any]:

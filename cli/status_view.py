@@ -45,6 +45,9 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
         # Turns continued from a checkpoint, and the tokens they did not generate again.
         "resumed_turns": snap.resumed_turns,
         "resumed_tokens": snap.resumed_tokens,
+        # Checkpoints dropped because the server was not proven to continue them (their
+        # tokens are in wasted_tokens: the turns started again rather than be corrupted).
+        "discarded_checkpoints": snap.discarded_checkpoints,
     }
     data["endpoints"] = _endpoints(store, settings, snap.endpoints, data.pop("served_endpoints"))
     data["clocks_off"] = _clocks_off(store, settings)
@@ -53,7 +56,7 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
 
 def _clocks_off(store: RunStore, settings: Settings) -> dict[str, float]:
     """Workers whose clock is further from Redis's than the limit: name -> skew (s)."""
-    from worker.clock_watch import EVERY_S, read_clocks
+    from worker.pipeline.clock_watch import EVERY_S, read_clocks
 
     clocks = read_clocks(store.r, settings.key_prefix, redis_time(store.r), 2 * EVERY_S)
     return {name: skew for name, skew in clocks.items() if abs(skew) > settings.max_clock_skew}
@@ -74,7 +77,7 @@ def _eta(counts: RunCounts, snap: Snapshot, data: dict[str, Any], settings: Sett
 def _endpoints(
     store: RunStore, settings: Settings, stats: dict[str, dict[str, float]], served: list[str]
 ) -> dict[str, dict[str, Any]]:
-    from worker.capacity import SlotTable
+    from worker.endpoints.capacity import SlotTable
 
     # This run's endpoints: those its live workers serve, those it has figures of, and those
     # this command was pointed at (EAGLEGEN_ENDPOINTS); not every endpoint this Redis has seen.
@@ -108,7 +111,7 @@ def _endpoints(
 
 def _add_prefix_caches(out: dict[str, dict[str, Any]], settings: Settings) -> None:
     """Each server's prefix-cache figures, from its own /metrics (not asked if it is down)."""
-    from worker.server_cache import read_prefix_caches
+    from worker.endpoints.server_cache import read_prefix_caches
 
     asked = [url for url in settings.endpoints if out.get(url, {}).get("state") != "down"]
     for url, counters in read_prefix_caches(asked).items():
@@ -162,6 +165,8 @@ def _main_table(d: dict[str, Any]) -> Group:
     dist.add_row("tokens kept / wasted", str(g["kept_tokens"]), str(g["wasted_tokens"]))
     if g["resumed_turns"]:
         dist.add_row("turns / tokens resumed", str(g["resumed_turns"]), str(g["resumed_tokens"]))
+    if g["discarded_checkpoints"]:
+        dist.add_row("checkpoints not continuable", str(g["discarded_checkpoints"]), "")
     outer = Table.grid(padding=(0, 4))
     outer.add_row(rates, dist)
     return Group(t, outer)

@@ -7,7 +7,7 @@ import pytest
 from common import errors
 from common.models import Failure
 from tests.fakes import FakeStore, sample
-from worker.breaker import Breaker
+from worker.pipeline.breaker import Breaker
 
 
 def _fail(store: FakeStore, breaker: Breaker, sample_id: str, kind: str = "400") -> None:

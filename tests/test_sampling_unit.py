@@ -14,7 +14,7 @@ from common.sampling import describe
 from common.unknown_settings import unknown_settings
 from producer.enqueue import EnqueueCounts, reason_class
 from producer.preflight import ServerLimits, check_max_tokens, prompt_estimate
-from worker.client import chat_body, completion_body
+from worker.chat.client import chat_body, completion_body
 
 ASK = [{"role": "user", "content": "hi"}]
 

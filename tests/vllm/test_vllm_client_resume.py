@@ -18,7 +18,7 @@ from common import errors
 from common.models import Checkpoint, GenParams, TurnResult
 from common.settings import Settings
 from tests.vllm.server import Server
-from worker.client import ChatClient
+from worker.chat.client import ChatClient
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]  # server start-up included
 
@@ -115,5 +115,6 @@ def test_a_turn_without_ids_resumes_from_its_text(vllm_server: Server) -> None:
                 }
             )
         assert results and all(r["ok"] for r in results), (unbroken, results)
+        assert client.chat_continues is True  # vLLM's continuation probe passed
     finally:
         client.close()

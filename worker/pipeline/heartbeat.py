@@ -15,7 +15,7 @@ from common.clock import redis_time
 from common.keys import workers_key
 from common.liveness import BEAT_S, Beat, prune
 from common.settings import Settings
-from worker.ticker import Ticker
+from worker.pipeline.ticker import Ticker
 
 log = logging.getLogger("eaglegen.worker")
 
