@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cli.status_truth import truth
+from common import tool_counts
 from common.clock import redis_time
 from common.sampling import SAMPLING, SERVER_DEFAULT
 from common.settings import Settings
@@ -50,6 +51,9 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
         "discarded_checkpoints": snap.discarded_checkpoints,
     }
     data["endpoints"] = _endpoints(store, settings, snap.endpoints, data.pop("served_endpoints"))
+    tools = tool_counts.read(store.r, store.keys)
+    if tools is not None:  # conversations with tool calls: how many ended, and where
+        data["tool_calls"] = tools
     data["clocks_off"] = _clocks_off(store, settings)
     return data
 
@@ -134,6 +138,15 @@ def render(data: dict[str, Any], clip: bool = True) -> Group:
     ]
     parts: list[RenderableType] = [head, bar, _who(data), _params_line(data), *tables]
     parts += [Text(note, style="yellow") for note in data.get("notes", [])]
+    tools = data.get("tool_calls")
+    if tools:
+        where = ", ".join(f"turn {t}: {n}" for t, n in tools["stopped_at_turn"].items())
+        parts.append(Text(
+            f"tool-call conversations {tools['conversations']}: kept whole {tools['kept_whole']},"
+            f" stopped at a call of another function {tools['stopped']}"
+            + (f" ({where})" if where else "")
+            + f"; calls with other arguments {tools['arguments_differ']}"
+        ))  # fmt: skip
     for name, skew in sorted(data.get("clocks_off", {}).items()):
         parts.append(Text(f"clock of worker {name} is {skew:+.1f} s from Redis's: run NTP",
                           style="yellow"))  # fmt: skip

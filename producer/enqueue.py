@@ -15,6 +15,7 @@ from common.store import RunStore
 from producer.formats import InvalidRow, detect_format, to_prompt
 from producer.preflight import prompt_estimate
 from producer.readers import RawRow, SourceInfo
+from producer.tools import tool_identity
 
 BATCH = 256
 
@@ -118,7 +119,7 @@ class Feeder:
         if limit is not None and prompt_estimate(system, turns) > limit:
             self.counts.too_long += 1
             return None
-        sid = sample_id(system, turns)
+        sid = sample_id(system, turns, tool_identity(prompt.tools, self.params))
         if sid in self._seen:
             self.counts.duplicates += 1
             return None
@@ -127,7 +128,13 @@ class Feeder:
             dataset=self.info.dataset, split=self.info.split, row=row.index,
             format=self.counts.format or "?",
         )  # fmt: skip
-        return Sample(id=sid, system=prompt.system, user_turns=prompt.user_turns, source=source)
+        found = prompt.tools
+        if found is None:
+            return Sample(id=sid, system=prompt.system, user_turns=prompt.user_turns, source=source)
+        return Sample(
+            id=sid, system=prompt.system, user_turns=prompt.user_turns, source=source,
+            tools=found.tools, tool_choice=found.tool_choice, script=found.messages,
+        )  # fmt: skip
 
     def _format_of(self, data: dict[str, object]) -> str:
         # Auto-detection is per file: the first readable row decides, the rest must match.

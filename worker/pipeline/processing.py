@@ -15,11 +15,11 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 
-from common import errors
+from common import errors, tool_counts
 from common.keys import CUT_TURNS, DROPPED_TURNS
 from common.logs import secrets_of
 from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
@@ -33,6 +33,7 @@ from worker.pipeline.breaker import Breaker
 from worker.pipeline.generate import answer_turns, build_record
 from worker.pipeline.leases import LeaseKeeper
 from worker.pipeline.observe import Observer
+from worker.pipeline.tool_turns import answer_tool_turns, build_tool_record, request_fields
 
 log = logging.getLogger("eaglegen.worker")
 
@@ -54,6 +55,7 @@ class Turn:
     index: int
     resume: Checkpoint | None = None
     progress: TurnCheckpoints | None = None  # None: EAGLEGEN_RESUME=off, no checkpoints
+    fields: dict[str, Any] | None = None  # the sample's tools, sent with every request
 
 
 def _keep_break_point(exc: errors.GenerationError, progress: TurnCheckpoints | None) -> None:
@@ -160,7 +162,8 @@ class SampleProcessor:
         sample = taken.sample
         params = sample.params or self.params(store.run)  # retry-failed may have set its own
         call = self._caller(store, taken, token, params, self._checker(sample_id, cancelled))
-        turns = answer_turns(
+        answer = answer_turns if sample.script is None else answer_tool_turns
+        turns = answer(
             sample, params, taken.partial, call=call,
             save=lambda done: store.save_partial(sample_id, done),
         )  # fmt: skip
@@ -174,7 +177,10 @@ class SampleProcessor:
         assert taken.sample is not None
         sample_id, answered = taken.sample.id, taken.partial
         hint = hint_for(taken.sample, params, answered)  # the saved progress keeps the affinity
-        resuming = self.settings.resume == "auto"
+        # A turn with tool calls is not continued from a checkpoint: the continuation of its
+        # ids on /v1/completions has no tool parser, so its calls would come back as text.
+        resuming = self.settings.resume == "auto" and taken.sample.tools is None
+        fields = request_fields(taken.sample)
         resume = taken.resume_point() if resuming else None
         if resume is not None:  # its prompt and partial answer are in that server's cache
             hint = hint.after(resume.endpoint)
@@ -185,7 +191,7 @@ class SampleProcessor:
             progress = None
             if resuming:
                 progress = TurnCheckpoints(store, sample_id, token, self.settings, resume)
-            turn = Turn(index, resume, progress)
+            turn = Turn(index, resume, progress, fields)
             result = self._call(store.run, messages, params, check, hint, turn)
             hint, resume, index = hint.after(result.endpoint), None, index + 1
             return result
@@ -209,7 +215,7 @@ class SampleProcessor:
             with self.endpoints.borrow(check, hint) as client:
                 result = client.complete(
                     messages, params, check, turn=turn.index, resume=turn.resume,
-                    progress=turn.progress,
+                    progress=turn.progress, fields=turn.fields,
                 )  # fmt: skip
         except errors.GenerationError as exc:
             _keep_break_point(exc, turn.progress)
@@ -222,9 +228,12 @@ class SampleProcessor:
         self, store: RunStore, sample: Sample, params: GenParams, turns: list[TurnResult],
         token: str, attempts: int,
     ) -> str:  # fmt: skip
-        record = build_record(store.run, sample, params, turns, attempts)
+        build = build_record if sample.script is None else build_tool_record
+        record = build(store.run, sample, params, turns, attempts)
         tokens = sum(t.usage.completion_tokens for t in turns)
         outcome = self._store(store, sample.id, record.to_json(), tokens, token)
+        if outcome == "stored" and sample.script is not None:
+            tool_counts.count(store.r, store.keys, record)
         self.observer.finished(store.run, tokens, kept=outcome == "stored")
         if outcome == "stored":
             _count_cut(store, params, sample, turns)
@@ -255,7 +264,7 @@ def _count_cut(store: RunStore, params: GenParams, sample: Sample, turns: list[T
     """Turns cut at max_tokens, and the later user turns they left unanswered (a cut turn
     ends its conversation): counted for ``status``, only for samples that have them."""
     cut = sum(1 for t in turns if t.finish_reason == "length")
-    dropped = len(params.turns_of(sample.user_turns)) - len(turns)
+    dropped = max(len(params.turns_of(sample.user_turns)) - len(turns), 0) if cut else 0
     if cut:
         store.incr(CUT_TURNS, cut)
     if dropped:
