@@ -5,6 +5,7 @@ the simulator with a ``max_model_len``."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,8 @@ def test_a_run_failing_the_same_permanent_way_stops_and_retries_under_new_parame
     assert 5 <= len(sent) <= 7  # the breaker's five, and what was in flight meanwhile
     assert {f.kind for f in failures.values()} == {"400", "circuit_open"}
     status = _status(stack)
-    assert "first 5 samples all failed with 400" in status["circuit_open"]
+    # Five at least, and more than were in flight at the time.
+    assert re.search(r"first [5-7] samples all failed with 400", status["circuit_open"])
     assert any("circuit open" in n for n in status["notes"])
 
     listed = json.loads(stack.procs.run(["failed", "--json"], stack.env).stdout)
