@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import redis
 
 from common import errors, tool_counts
+from common.keys import CUT_TURNS, DROPPED_TURNS
 from common.logs import secrets_of
 from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
 from common.redact import redact
@@ -28,6 +29,7 @@ from common.store import RunStore, Taken
 from worker.chat.checkpoints import TurnCheckpoints
 from worker.chat.client import ChatClient, Check, Messages
 from worker.endpoints.routing import RouteHint, hint_for
+from worker.pipeline.breaker import Breaker
 from worker.pipeline.generate import answer_turns, build_record
 from worker.pipeline.leases import LeaseKeeper
 from worker.pipeline.observe import Observer
@@ -81,6 +83,7 @@ class SampleProcessor:
         self.observer = observer
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._params: dict[str, GenParams] = {}
+        self.breaker = Breaker()
         self._drain_deadline: float | None = None
 
     def begin_drain(self) -> None:
@@ -115,6 +118,7 @@ class SampleProcessor:
             self.leases.drop(run, sample_id)
 
     def _under_lease(self, store: RunStore, sample_id: str, retries: int) -> str:
+        self.breaker.check(store)  # open: failed at once, not sent to fail at the server
         token = f"{self.owner}:{uuid.uuid4().hex[:8]}"
         taken = store.take(sample_id, token, self.settings.lease_ttl, retries)
         if taken.outcome != "ok":
@@ -143,6 +147,7 @@ class SampleProcessor:
             log.info("not failing %s/%s: another worker is generating it", run, sample_id)
             return
         log.warning("failed %s/%s: %s", run, sample_id, failure.message)
+        self.breaker.failed(store, failure)
 
     def count_retry(self, run: str) -> None:
         """A transient failure will be retried after its backoff."""
@@ -155,7 +160,7 @@ class SampleProcessor:
         if taken.sample is None:
             raise errors.PermanentError(f"sample {sample_id} has no stored prompt")
         sample = taken.sample
-        params = self.params(store.run)
+        params = sample.params or self.params(store.run)  # retry-failed may have set its own
         call = self._caller(store, taken, token, params, self._checker(sample_id, cancelled))
         answer = answer_turns if sample.script is None else answer_tool_turns
         turns = answer(
@@ -230,6 +235,8 @@ class SampleProcessor:
         if outcome == "stored" and sample.script is not None:
             tool_counts.count(store.r, store.keys, record)
         self.observer.finished(store.run, tokens, kept=outcome == "stored")
+        if outcome == "stored":
+            _count_cut(store, params, sample, turns)
         log.debug(
             "sample run=%s id=%s outcome=%s turns=%d tokens=%d attempts=%d latency_s=%.2f",
             store.run, sample.id, outcome, len(turns), tokens, attempts,
@@ -251,3 +258,14 @@ class SampleProcessor:
                 log.warning("storing %s/%s failed (%s); trying again", store.run, sample_id, exc)
                 time.sleep(pause)
                 pause = min(pause * 2, 5.0)
+
+
+def _count_cut(store: RunStore, params: GenParams, sample: Sample, turns: list[TurnResult]) -> None:
+    """Turns cut at max_tokens, and the later user turns they left unanswered (a cut turn
+    ends its conversation): counted for ``status``, only for samples that have them."""
+    cut = sum(1 for t in turns if t.finish_reason == "length")
+    dropped = max(len(params.turns_of(sample.user_turns)) - len(turns), 0) if cut else 0
+    if cut:
+        store.incr(CUT_TURNS, cut)
+    if dropped:
+        store.incr(DROPPED_TURNS, dropped)
