@@ -59,6 +59,10 @@ def enqueue(
     max_pending: Annotated[
         int | None, typer.Option(min=1, help="Most samples waiting at once (backpressure).")
     ] = None,
+    max_pending_bytes: Annotated[
+        int | None,
+        typer.Option(help="About the most bytes of prompts waiting in Redis at once."),
+    ] = None,
 ) -> None:
     """Add a dataset's prompts to a run: each distinct prompt once, ever."""
     from cli.enqueue_cmd import run_enqueue
@@ -67,7 +71,7 @@ def enqueue(
         fail(f"--format must be auto, openai, sharegpt, turns or prompt, not {fmt!r}", 2)
     if turns not in ("all", "first"):
         fail(f"--turns must be all or first, not {turns!r}", 2)
-    settings = load_settings(run=run, max_pending=max_pending)
+    settings = load_settings(run=run, max_pending=max_pending, max_pending_bytes=max_pending_bytes)
     kwargs = {"enable_thinking": thinking} if thinking is not None else None
     params = GenParams(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, turns=turns,  # type: ignore[arg-type]

@@ -43,6 +43,7 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
         # Turns continued from a checkpoint, and the tokens they did not generate again.
         "resumed_turns": snap.resumed_turns,
         "resumed_tokens": snap.resumed_tokens,
+        "ids_dropped_turns": snap.ids_dropped_turns,
     }
     data["endpoints"] = _endpoints(store, settings, snap.endpoints)
     data["clocks_off"] = _clocks_off(store, settings)
@@ -141,6 +142,8 @@ def _main_table(d: dict[str, Any]) -> Group:
     dist.add_row("latency s", _num(d["mean_latency_s"]), _num(d["p95_latency_s"]))
     g = d["goodput"]
     dist.add_row("tokens kept / wasted", str(g["kept_tokens"]), str(g["wasted_tokens"]))
+    if g["ids_dropped_turns"]:
+        dist.add_row("turns with ids dropped", str(g["ids_dropped_turns"]), "")
     if g["resumed_turns"]:
         dist.add_row("turns / tokens resumed", str(g["resumed_turns"]), str(g["resumed_tokens"]))
     outer = Table.grid(padding=(0, 4))

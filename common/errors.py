@@ -80,6 +80,13 @@ class BadResponse(TransientError):
     kind = "bad_response"
 
 
+class Unexpected(TransientError):
+    """An exception outside this tree (a defect, or a library's surprise): retried like a
+    transient one, so a sample it hits is failed past ``max_retries`` instead of run forever."""
+
+    kind = "unexpected"
+
+
 class LeaseLost(TransientError):
     """Another worker took this sample over; stop spending GPU time on it."""
 

@@ -77,6 +77,8 @@ class TurnStats(BaseModel):
     # Tokens of this turn generated before a break and continued from its checkpoint (0: the
     # turn streamed unbroken). The ids and text above are the whole turn either way.
     resumed_from_tokens: int = 0
+    # Why the server's ids were dropped (they disagreed with the text); not in records.
+    token_ids_dropped: str | None = Field(default=None, exclude=True)
 
 
 class TurnResult(TurnStats):

@@ -98,6 +98,8 @@ def _parse_line(index: int, raw: bytes) -> RawRow:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         return RawRow(index, None, f"broken JSON ({exc.msg} at column {exc.colno})")
+    except RecursionError:
+        return RawRow(index, None, "JSON nested too deep")
     if not isinstance(data, dict):
         return RawRow(index, None, f"a JSON {type(data).__name__}, not an object")
     return RawRow(index, data)
@@ -106,6 +108,8 @@ def _parse_line(index: int, raw: bytes) -> RawRow:
 def _read_json_array(path: Path) -> Iterator[RawRow]:
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
+    except RecursionError:
+        raise SourceError(f"{path}: JSON nested too deep (a JSONL file skips such a row)") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SourceError(f"{path}: not valid UTF-8 JSON ({exc})") from exc
     if not isinstance(data, list):

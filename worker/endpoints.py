@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 import redis
 
@@ -241,15 +242,21 @@ class EndpointPool:
             self.signal.notify_all()  # requests waiting for it go elsewhere now
 
     def check_all(self) -> None:
-        """At start: ask every endpoint for its models; say which cannot be reached, and why."""
-        for url in self.clients:
-            try:
-                self.clients[url].probe(self.settings.connect_timeout)
-            except errors.GenerationError as exc:
-                self._found_down(url, exc)
-                continue
-            log.info("endpoint %s answers", url)
-            self._report(url, None)
+        """At start: ask every endpoint for its models, each on its own thread (a slow one
+        delays no other); say which cannot be reached, and why."""
+        threads = [self._start(partial(self._check, url), "endpoint-check")
+                   for url in self.clients]  # fmt: skip
+        for thread in threads:
+            thread.join()
+
+    def _check(self, url: str) -> None:
+        try:
+            self.clients[url].probe()
+        except errors.GenerationError as exc:
+            self._found_down(url, exc)
+            return
+        log.info("endpoint %s answers", url)
+        self._report(url, None)
 
     def _found_down(self, url: str, exc: errors.GenerationError) -> None:
         if not counts_against(exc):  # it answers, but refuses (a wrong key or model name)
@@ -273,16 +280,19 @@ class EndpointPool:
             log.warning("endpoint state not published: %s", err)
 
     def _probe_loop(self) -> None:
+        # Each probe on a thread of its own: one slow server never delays another's probe.
+        probing: dict[str, threading.Thread] = {}
         while not self._stop.wait(PROBE_TICK):
             now = time.monotonic()
             with self._lock:
                 due = [url for url, health in self.health.items() if health.probe_due(now)]
             for url in due:
-                self._probe(url)
+                if url not in probing or not probing[url].is_alive():
+                    probing[url] = self._start(partial(self._probe, url), "probe")
 
     def _probe(self, url: str) -> None:
         try:
-            self.clients[url].probe(self.settings.connect_timeout)
+            self.clients[url].probe()
         except errors.GenerationError as exc:
             with self._lock:
                 self.health[url].probe_failed(time.monotonic())

@@ -85,7 +85,13 @@ class Observer:
     def turn(self, run: str, turn: TurnResult) -> None:
         """A turn came back from the model."""
         tokens = turn.usage.completion_tokens
-        self.recorder(run).turn(turn.endpoint, turn.latency_s, tokens, turn.resumed_from_tokens)
+        dropped = turn.token_ids_dropped is not None
+        if dropped:
+            log.warning("%s: token ids dropped from a turn: they %s", turn.endpoint,
+                        turn.token_ids_dropped)  # fmt: skip
+        self.recorder(run).turn(
+            turn.endpoint, turn.latency_s, tokens, turn.resumed_from_tokens, dropped
+        )
         self.metrics.turn(turn.endpoint, turn.latency_s, tokens, turn.resumed_from_tokens)
         self.summary.add(turns=1, tokens=tokens)
 
