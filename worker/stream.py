@@ -137,7 +137,7 @@ class TurnStream:
             raise errors.ServerError(f"{self.endpoint}: error in the stream: {chunk['error']}")
         prompt = chunk.get("prompt_token_ids")
         if prompt is not None:
-            self.prompt_token_ids = _int_list(prompt, "prompt_token_ids")
+            self._prompt_ids(prompt)
         usage = chunk.get("usage")
         if usage:
             if type(usage) is not dict:
@@ -147,9 +147,10 @@ class TurnStream:
     def _add_choice(self, choice: dict[str, Any]) -> None:
         ids = choice.get("token_ids")
         if ids:
-            if type(ids) is not list:
-                raise _wrong("token_ids", ids)
-            self.token_ids += ids  # each an int: checked once per id, in _ids
+            if type(ids) is list:
+                self.token_ids += ids  # each an int: checked once per id, in _ids
+            else:
+                self.ids_dropped = "are not lists"
         if self._add_text(choice):
             self.text_chunks += 1
             self.text_ids = len(self.token_ids)
@@ -245,6 +246,13 @@ class TurnStream:
             return None, None
         return prompt, before + self.token_ids[:end]
 
+    def _prompt_ids(self, ids: object) -> None:
+        if type(ids) is list and all(type(i) is int for i in ids):
+            self.prompt_token_ids = ids
+        else:
+            self.prompt_token_ids = []  # the server gives ids, wrong ones: the turn's are dropped
+            self.ids_dropped = "hold a prompt that is not a list of integers"
+
     def _ids_agree(self) -> bool:
         """Whether the ids so far can be trusted; once not, the reason is in ``ids_dropped``."""
         if self.ids_dropped is None:
@@ -254,7 +262,7 @@ class TurnStream:
     def _ids_problem(self) -> str | None:
         ids = self.token_ids
         if not all(type(i) is int for i in ids[self._checked :]):
-            return "are not all integers"
+            return "are not all integers"  # "123" would have been spread into "1", "2", "3"
         self._checked = len(ids)
         if self.unmarked:
             return f"are missing from {self.unmarked} of {self.text_chunks} chunks with text"
@@ -285,12 +293,6 @@ def _wrong(field: str, value: object) -> errors.BadResponse:
     return errors.BadResponse(f"{field} is a {type(value).__name__}: {str(value)[:60]!r}")
 
 
-def _int_list(value: object, field: str) -> list[int]:
-    if type(value) is not list or not all(type(i) is int for i in value):
-        raise _wrong(field, value)
-    return value
-
-
 def _ends_event(last: bytes, data: bytes) -> bool:
     """Whether ``data`` ends the event whose last part so far is ``last`` (no blank line in it)."""
     if b"\n\n" in data or b"\n\r\n" in data:
@@ -308,7 +310,7 @@ class CompletionStream(TurnStream):
     def _add_text(self, choice: dict[str, Any]) -> bool:
         prompt = choice.get("prompt_token_ids")
         if prompt is not None:
-            self.prompt_token_ids = _int_list(prompt, "prompt_token_ids")
+            self._prompt_ids(prompt)
         text = choice.get("text")
         if text:
             if type(text) is not str:

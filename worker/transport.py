@@ -24,6 +24,7 @@ import contextlib
 import heapq
 import http.client
 import itertools
+import math
 import select
 import socket
 import ssl
@@ -205,7 +206,7 @@ class Response:
     def limit(self, seconds: float) -> None:
         """From now on, this much time at most for the rest of the body."""
         deadline = time.monotonic() + seconds
-        if deadline < self._watch.deadline:
+        if deadline < self._watch.deadline and self._watch.sock is not None:
             _WATCHDOG.move(self._watch, deadline)
 
 
@@ -244,25 +245,27 @@ class Connections:
         content: bytes | None = None,
         timeout: float | None = None,
         *,
-        deadline: float,
+        deadline: float | None = None,
         check: Callable[[], None] | None = None,
     ) -> Iterator[Response]:
         """Send a request; the response is read inside the block, all of it by ``deadline``
-        (``time.monotonic()``). ``timeout``: per read, instead of the read (stall) timeout;
+        (``time.monotonic()``; None: each read has its timeout, the whole none, as for a
+        benchmark). ``timeout``: per read, instead of the read (stall) timeout;
         ``check`` runs every second while the response head is awaited, and may raise.
 
         The connection goes back to the pool if the body was read to its end, else it is
         closed (an unread body would be read by the next request).
         """
-        conn = self._acquire(timeout, deadline)
-        watch = _WATCHDOG.watch(deadline, conn.sock)
+        conn = self._acquire(timeout, deadline or math.inf)
+        watch = _WATCHDOG.watch(deadline, conn.sock) if deadline else _Watch(math.inf, None)
         response = None
         try:
             raw = self._send(conn, method, urlsplit(url).path, content, watch, check)
             response = Response(raw, watch)
             yield response
         finally:
-            _WATCHDOG.done(watch)
+            if watch.sock is not None:
+                _WATCHDOG.done(watch)
             # A body read to its end leaves the connection clean, even when the caller then
             # raised (an error status); no socket left means the server said close.
             if response is not None and response.complete and conn.sock is not None:
