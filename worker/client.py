@@ -185,9 +185,12 @@ class ChatClient:
         self._secrets = secrets_of(settings)
         self._chat_url = f"{endpoint}/chat/completions"
         self._completions_url = f"{endpoint}/completions"
-        # Whether the endpoint continues token-id prompts on /v1/completions (None: not tried).
+        # Whether the endpoint continues token-id prompts on /v1/completions, and whether it
+        # honours continue_final_message (None: not tried yet).
         self.completions: bool | None = None
         self._refusals = 0  # of /v1/completions in a row
+        self.chat_continues: bool | None = None
+        self._probe_lock = threading.Lock()
         self._models_url = f"{endpoint}/models"
         headers = {
             "Authorization": f"Bearer {settings.api_key_value()}",  # vLLM expects one, even unset
@@ -245,6 +248,17 @@ class ChatClient:
             resumed = self._continue(messages, params, check, progress, resume, model)
             if resumed is not None:
                 return resumed
+        result = self._fresh(messages, params, check, turn, progress, model)
+        if resume is not None and resume.tokens > 0:
+            # The checkpoint could not be continued: its tokens were generated again.
+            result.discarded_tokens = resume.tokens
+        return result
+
+    def _fresh(
+        self, messages: Messages, params: GenParams, check: Check | None, turn: int,
+        progress: Progress | None, model: str,
+    ) -> TurnResult:  # fmt: skip
+        """The turn generated from its start on the chat API."""
         ask = self.ids.ask()
         body = chat_body(model, messages, params, ask)
         try:
@@ -288,9 +302,64 @@ class ChatClient:
                 return exact
         if self.ids.mode == "on":
             return None  # a text continuation has no ids; the turn starts again, with them
+        if not self._continues_chat(model):
+            return None  # not proven to honour continue_final_message: start again
         body = continue_body(model, messages, params, resume, left)
         stream = TurnStream(self.endpoint, model, resume.turn, resume)
         return self._turn(self._chat_url, body, stream, check, progress)
+
+    def _continues_chat(self, model: str) -> bool:
+        """Whether this endpoint honours ``continue_final_message``, probed once and remembered.
+
+        A server that ignores it (or a proxy that drops the field) closes the partial message
+        and answers afresh; joined to the partial, that answer would corrupt the record
+        silently. Two one-token probes tell: continuing "A" and then "A B", the first prompt
+        the server echoes must be a prefix of the second (an ignored continuation ends it with
+        an end of turn and a generation prompt). A server that echoes no prompt ids cannot
+        prove it, so its turns start again.
+        """
+        with self._probe_lock:
+            if self.chat_continues is None:
+                # A probe broken by the network decides nothing: not remembered.
+                found = self._probe_continuation(model)
+                self.chat_continues = found
+                return bool(found)
+            return self.chat_continues
+
+    def _probe_continuation(self, model: str) -> bool | None:
+        try:
+            short = self._echoed_prompt(model, "The sky over the sea is")
+            longer = self._echoed_prompt(model, "The sky over the sea is blue and calm")
+        except errors.TransientError:
+            return None
+        except errors.GenerationError:
+            return False  # refused (400, 404...): no continuation here
+        if short is None or longer is None or len(longer) <= len(short):
+            return False
+        # The last token of the shorter partial may merge with what follows it.
+        return longer[: len(short) - 1] == short[:-1]
+
+    def _echoed_prompt(self, model: str, partial: str) -> list[int] | None:
+        """The prompt ids the server echoes for continuing ``partial`` (one try again after a
+        transient error: the probe is two tiny requests)."""
+        try:
+            return self._echo_once(model, partial)
+        except errors.TransientError:
+            return self._echo_once(model, partial)
+
+    def _echo_once(self, model: str, partial: str) -> list[int] | None:
+        messages = [
+            {"role": "user", "content": "Finish the sentence."},
+            {"role": "assistant", "content": partial},
+        ]
+        body: dict[str, Any] = {
+            "model": model, "messages": messages, "max_tokens": 1, "stream": True,
+            "continue_final_message": True, "add_generation_prompt": False,
+            "return_token_ids": True,
+        }  # fmt: skip
+        stream = TurnStream(self.endpoint, model)
+        self._read(self._chat_url, _encode(body), stream, None, None, self._settings.probe_timeout)
+        return stream.prompt_token_ids
 
     def _continue_ids(
         self,
@@ -304,15 +373,20 @@ class ChatClient:
         """The exact continuation on /v1/completions; None if the endpoint refuses it."""
         assert resume.prompt_token_ids is not None and resume.token_ids is not None
         prompt = resume.prompt_token_ids + resume.token_ids
-        stream = CompletionStream(self.endpoint, model, resume.turn, resume)
+        stream = CompletionStream(self.endpoint, model, resume.turn, resume, prompt)
         try:
             result = self._turn(
                 self._completions_url, completion_body(model, prompt, params, left), stream,
                 check, progress,
             )  # fmt: skip
+        except errors.NotContinued:
+            # It answered a token-id prompt afresh: proven not to continue; remembered, and
+            # continued from the text instead, if that is proven to work there.
+            self.completions = False
+            return None
         except (errors.BadRequest, errors.NotFound):
-            # No /v1/completions, or no token-id prompts (SGLang, hosted APIs): continued from
-            # the text instead, and remembered after a few refusals in a row.
+            # No /v1/completions, or no token-id prompts (SGLang, hosted APIs): the same,
+            # remembered after a few refusals in a row (one may be that request's own).
             self._refusals += 1
             if self._refusals >= COMPLETIONS_REFUSALS:
                 self.completions = False
@@ -326,18 +400,9 @@ class ChatClient:
         progress: Progress | None,
     ) -> TurnResult:  # fmt: skip
         started = time.monotonic()
-        deadline = started + self._settings.max_request_time
-        stream.max_event = self._settings.max_event_bytes
         try:
+            self._read(url, body, stream, check, progress)
             with translate_errors(self.endpoint, self._secrets):
-                with self._http.stream(
-                    "POST", url, content=body, deadline=deadline, check=check
-                ) as response:
-                    if response.status_code != 200:
-                        response.limit(self._settings.probe_timeout)
-                        head = response.head_of(transport.ERROR_BODY)
-                        raise status_error(response.status_code, head, self.endpoint, self._secrets)
-                    self._read(response, stream, check, progress)
                 return stream.result(time.monotonic() - started, stream.model)
         except errors.GenerationError as exc:
             # Server text may have reached the message anywhere below: masked before it leaves.
@@ -348,12 +413,33 @@ class ChatClient:
             raise
 
     def _read(
+        self, url: str, body: bytes, stream: TurnStream, check: Check | None,
+        progress: Progress | None, seconds: float | None = None,
+    ) -> None:  # fmt: skip
+        """POST ``body`` and feed the streamed response to ``stream``, to its end, past [DONE]:
+        a response left unread closes its connection, and every request would pay a new one
+        (the server too). All of it within ``seconds`` (default ``max_request_time``); a
+        finished stream's body gets ``drain_timeout`` to end, and one that does not keeps the
+        turn. An error status's body gives the message, its first few KB within
+        ``probe_timeout``."""
+        deadline = time.monotonic() + (seconds or self._settings.max_request_time)
+        stream.max_event = self._settings.max_event_bytes
+        with (
+            translate_errors(self.endpoint, self._secrets),
+            self._http.stream(
+                "POST", url, content=body, deadline=deadline, check=check
+            ) as response,
+        ):
+            if response.status_code != 200:
+                response.limit(self._settings.probe_timeout)
+                head = response.head_of(transport.ERROR_BODY)
+                raise status_error(response.status_code, head, self.endpoint, self._secrets)
+            self._feed(response, stream, check, progress)
+
+    def _feed(
         self, response: transport.Response, stream: TurnStream, check: Check | None,
         progress: Progress | None,
     ) -> None:  # fmt: skip
-        """Feed the body to ``stream`` to its end, past [DONE]: a response left unread closes
-        its connection, and every request would pay a new one (the server too). A finished
-        stream's body gets ``drain_timeout`` to end; one that does not, keeps the turn."""
         draining = False
         try:
             for data in response.iter_raw():

@@ -89,10 +89,12 @@ class Observer:
         if dropped:
             log.warning("%s: token ids dropped from a turn: they %s", turn.endpoint,
                         turn.token_ids_dropped)  # fmt: skip
-        self.recorder(run).turn(
-            turn.endpoint, turn.latency_s, tokens, turn.resumed_from_tokens, dropped
-        )
+        recorder = self.recorder(run)
+        recorder.turn(turn.endpoint, turn.latency_s, tokens, turn.resumed_from_tokens, dropped)
         self.metrics.turn(turn.endpoint, turn.latency_s, tokens, turn.resumed_from_tokens)
+        if turn.discarded_tokens:  # a checkpoint it could not continue: generated again
+            recorder.discarded(turn.discarded_tokens)
+            self.metrics.wasted.labels(turn.endpoint).inc(turn.discarded_tokens)
         self.summary.add(turns=1, tokens=tokens)
 
     def error(self, run: str, exc: errors.GenerationError) -> None:
