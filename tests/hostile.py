@@ -156,6 +156,9 @@ class Hostile(BaseHTTPRequestHandler):
         error = {"error": {"message": f"engine died; header was Bearer {SECRET}"}}
         self._stream([sse(error)])
 
+    def _silent(self) -> None:
+        self._hold(60.0)  # not a byte: a request queued behind others
+
     def _open_after_done(self) -> None:
         self._head(200, {"content-type": "text/event-stream"})
         for event in good_events():

@@ -169,6 +169,8 @@ class Response:
                     yield from _inflate(decoder, data)
             if self._raw.length:  # read1 ends a Content-Length body cut short without a word
                 raise http.client.IncompleteRead(b"", self._raw.length)
+        if self._watch.fired:  # the watchdog's shutdown reads as an end of the body
+            raise DeadlineExceeded("the request ran past its deadline")
         self._raw.close()
         self.complete = True
         if decoder:
@@ -302,7 +304,10 @@ class Connections:
                 raise Dropped(f"sending the request: {exc!r}") from exc
             if check is not None:
                 _await_head(conn, check, self._read_timeout)
-            return conn.getresponse()
+            response = conn.getresponse()
+        if watch.fired:  # the shutdown reads as the end of the head: headers cut short
+            raise DeadlineExceeded("the request ran past its deadline")
+        return response
 
     def _acquire(self, timeout: float | None, deadline: float) -> http.client.HTTPConnection:
         with self._lock:
