@@ -51,7 +51,9 @@ def _nested(depth: int) -> str:
 SHAPES = {
     "shape-choices": b'data: {"choices":[1]}\n\n',
     "shape-content": sse(chunk({"content": 5})),
-    "shape-deep": b'data: {"choices":[{"delta":' + _nested(5000).encode() + b"}]}\n\n",
+    # Too deep for the JSON scanner at the default recursion limit; a content of the wrong
+    # type where a raised limit parses it.
+    "shape-deep": b'data: {"choices":[{"delta":{"content":' + _nested(5000).encode() + b"}}]}\n\n",
     "shape-usage": sse({"choices": [], "usage": {"prompt_tokens": "lots"}}),
     "shape-delta": sse({"choices": [{"index": 0, "delta": [1, 2]}]}),
 }
