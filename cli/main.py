@@ -63,6 +63,10 @@ def enqueue(
         int | None,
         typer.Option(help="About the most bytes of prompts waiting in Redis at once."),
     ] = None,
+    history: Annotated[
+        str,
+        typer.Option(help="Tool calls: on-policy (while the calls match) or original."),
+    ] = "on-policy",
 ) -> None:
     """Add a dataset's prompts to a run: each distinct prompt once, ever."""
     from cli.enqueue_cmd import run_enqueue
@@ -71,11 +75,14 @@ def enqueue(
         fail(f"--format must be auto, openai, sharegpt, turns or prompt, not {fmt!r}", 2)
     if turns not in ("all", "first"):
         fail(f"--turns must be all or first, not {turns!r}", 2)
+    if history not in ("on-policy", "original"):
+        fail(f"--history must be on-policy or original, not {history!r}", 2)
     settings = load_settings(run=run, max_pending=max_pending, max_pending_bytes=max_pending_bytes)
     kwargs = {"enable_thinking": thinking} if thinking is not None else None
     params = GenParams(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, turns=turns,  # type: ignore[arg-type]
         system=system, chat_template_kwargs=kwargs,
+        history="original" if history == "original" else None,
     )  # fmt: skip
     run_enqueue(settings, open_store(settings), source, params, fmt, split, subset, limit)
 
@@ -176,26 +183,25 @@ def status(
 @app.command("retry-failed")
 def retry_failed(run: RunOpt = None) -> None:
     """Put a run's failed samples back in the queue."""
-    from worker.app import create_app
-    from worker.publish import publish
+    from broker.app import create_broker_app
+    from broker.publish import publish
 
     settings = load_settings(run=run)
     store = open_store(settings)
     ids = store.requeue_failed()
-    sent = publish(create_app(settings), settings.queue, settings.run, ids)
+    sent = publish(create_broker_app(settings), settings.queue, settings.run, ids)
     console.print(f"requeued {sent} failed samples of run {settings.run!r}")
 
 
 @app.command()
 def reconcile(run: RunOpt = None) -> None:
     """Find samples that fell through (lost messages, dead workers) and re-enqueue them."""
-    from worker.app import create_app
-    from worker.reconcile import Reconciler
+    from broker.app import create_broker_app
+    from worker.pipeline.reconcile import Reconciler
 
     settings = load_settings(run=run)
     store = open_store(settings)
-    celery = create_app(settings)
-    reconciler = Reconciler(store.r, settings, celery.publish_samples)
+    reconciler = Reconciler(store.r, settings, create_broker_app(settings).publish_samples)
     runs = [settings.run] if run else None
     reconciler.run_once(runs)  # a sample counts as lost only if two passes agree
     time.sleep(1.0)
@@ -212,7 +218,7 @@ def exporter(
     from prometheus_client import CollectorRegistry
 
     from common.metrics import RunCollector, serve
-    from worker.server_cache import PrefixCacheCollector
+    from worker.endpoints.server_cache import PrefixCacheCollector
 
     settings = load_settings()
     store = open_store(settings)

@@ -11,6 +11,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from common import tool_counts
 from common.clock import redis_time
 from common.settings import Settings
 from common.stats import Snapshot, eta_seconds, read_snapshot
@@ -49,13 +50,16 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
         "discarded_checkpoints": snap.discarded_checkpoints,
     }
     data["endpoints"] = _endpoints(store, settings, snap.endpoints)
+    tools = tool_counts.read(store.r, store.keys)
+    if tools is not None:  # conversations with tool calls: how many ended, and where
+        data["tool_calls"] = tools
     data["clocks_off"] = _clocks_off(store, settings)
     return data
 
 
 def _clocks_off(store: RunStore, settings: Settings) -> dict[str, float]:
     """Workers whose clock is further from Redis's than the limit: name -> skew (s)."""
-    from worker.clock_watch import EVERY_S, read_clocks
+    from worker.pipeline.clock_watch import EVERY_S, read_clocks
 
     clocks = read_clocks(store.r, settings.key_prefix, redis_time(store.r), 2 * EVERY_S)
     return {name: skew for name, skew in clocks.items() if abs(skew) > settings.max_clock_skew}
@@ -74,7 +78,7 @@ def _eta(counts: RunCounts, snap: Snapshot, data: dict[str, Any], settings: Sett
 def _endpoints(
     store: RunStore, settings: Settings, stats: dict[str, dict[str, float]]
 ) -> dict[str, dict[str, Any]]:
-    from worker.capacity import SlotTable
+    from worker.endpoints.capacity import SlotTable
 
     caps = {url: settings.cap_for(url) for url in settings.endpoints}
     table = SlotTable(store.r, settings.key_prefix, caps, settings.slot_ttl)
@@ -101,7 +105,7 @@ def _endpoints(
 
 def _add_prefix_caches(out: dict[str, dict[str, Any]], settings: Settings) -> None:
     """Each server's prefix-cache figures, from its own /metrics (not asked if it is down)."""
-    from worker.server_cache import read_prefix_caches
+    from worker.endpoints.server_cache import read_prefix_caches
 
     asked = [url for url in settings.endpoints if out.get(url, {}).get("state") != "down"]
     for url, counters in read_prefix_caches(asked).items():
@@ -118,6 +122,15 @@ def render(data: dict[str, Any]) -> Group:
     bar.add_row(ProgressBar(total=total, completed=finished))
     tables: list[RenderableType] = [_main_table(data), _errors_table(data), _endpoint_table(data)]
     parts: list[RenderableType] = [head, bar, *tables]
+    tools = data.get("tool_calls")
+    if tools:
+        where = ", ".join(f"turn {t}: {n}" for t, n in tools["stopped_at_turn"].items())
+        parts.append(Text(
+            f"tool-call conversations {tools['conversations']}: kept whole {tools['kept_whole']},"
+            f" stopped at a call of another function {tools['stopped']}"
+            + (f" ({where})" if where else "")
+            + f"; calls with other arguments {tools['arguments_differ']}"
+        ))  # fmt: skip
     for name, skew in sorted(data.get("clocks_off", {}).items()):
         parts.append(Text(f"clock of worker {name} is {skew:+.1f} s from Redis's: run NTP",
                           style="yellow"))  # fmt: skip

@@ -111,6 +111,9 @@ def simulate(
         int, Opt(help="Tokens sent before a mid-stream fault (0: a random cut point).")
     ] = _DEFAULTS.cut_at,
     seed: Annotated[int, Opt(help="Seed of the fault draws.")] = _DEFAULTS.seed,
+    tool_mismatch_share: Annotated[
+        float, Opt(help="Share of tool-call answers that call another function than named.")
+    ] = _DEFAULTS.tool_mismatch_share,
     log_path: Annotated[
         Path | None, Opt("--log", "--log-path", help="JSONL file, one line per generation end.")
     ] = _DEFAULTS.log_path,
@@ -144,6 +147,7 @@ def simulate(
             cut_at=cut_at,
             ignore_continuations=ignore_continuations,
             seed=seed,
+            tool_mismatch_share=tool_mismatch_share,
             log_path=log_path,
         )
     except ValidationError as exc:

@@ -15,8 +15,8 @@ from common.settings import Settings
 from producer.enqueue import Feeder
 from producer.readers import RawRow, SourceInfo, _parse_line
 from tests.hostile import SHAPES, chunk, good_events, sse
-from worker.client import translate_errors
-from worker.stream import TurnStream
+from worker.chat.client import translate_errors
+from worker.chat.stream import TurnStream
 from worker.tasks import unexpected
 
 

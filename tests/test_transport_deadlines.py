@@ -13,8 +13,8 @@ from common import errors
 from common.models import GenParams
 from common.settings import Settings
 from tests.hostile import HostileServer
-from worker.client import ChatClient
-from worker.server_cache import read_prefix_caches
+from worker.chat.client import ChatClient
+from worker.endpoints.server_cache import read_prefix_caches
 
 ASK = [{"role": "user", "content": "hello"}]
 
