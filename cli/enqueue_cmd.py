@@ -52,7 +52,8 @@ def run_enqueue(
         feeder = Feeder(
             store=store, params=params, info=info,
             publish=lambda ids: publish(broker, settings.queue, store.run, ids), fmt=fmt,
-            max_pending=settings.max_pending, on_invalid=on_invalid, on_progress=on_progress,
+            max_pending=settings.max_pending, max_pending_bytes=settings.max_pending_bytes,
+            max_row_bytes=settings.max_row_bytes, on_invalid=on_invalid, on_progress=on_progress,
             max_prompt_tokens=room,
         )  # fmt: skip
         counts = feeder.run(rows, limit)

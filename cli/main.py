@@ -76,6 +76,10 @@ def enqueue(
     max_pending: Annotated[
         int | None, typer.Option(min=1, help="Most samples waiting at once (backpressure).")
     ] = None,
+    max_pending_bytes: Annotated[
+        int | None,
+        typer.Option(help="About the most bytes of prompts waiting in Redis at once."),
+    ] = None,
     history: Annotated[
         str,
         typer.Option(help="Tool calls: on-policy (while the calls match) or original."),
@@ -90,7 +94,7 @@ def enqueue(
         fail(f"--turns must be all or first, not {turns!r}", 2)
     if history not in ("on-policy", "original"):
         fail(f"--history must be on-policy or original, not {history!r}", 2)
-    settings = load_settings(run=run, max_pending=max_pending)
+    settings = load_settings(run=run, max_pending=max_pending, max_pending_bytes=max_pending_bytes)
     kwargs = {"enable_thinking": thinking} if thinking is not None else None
     given = given_params(
         generation_config, max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,

@@ -46,6 +46,7 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
         # Turns continued from a checkpoint, and the tokens they did not generate again.
         "resumed_turns": snap.resumed_turns,
         "resumed_tokens": snap.resumed_tokens,
+        "ids_dropped_turns": snap.ids_dropped_turns,
         # Checkpoints dropped because the server was not proven to continue them (their
         # tokens are in wasted_tokens: the turns started again rather than be corrupted).
         "discarded_checkpoints": snap.discarded_checkpoints,
@@ -176,6 +177,8 @@ def _main_table(d: dict[str, Any]) -> Group:
     dist.add_row("latency s", _num(d["mean_latency_s"]), _num(d["p95_latency_s"]))
     g = d["goodput"]
     dist.add_row("tokens kept / wasted", str(g["kept_tokens"]), str(g["wasted_tokens"]))
+    if g["ids_dropped_turns"]:
+        dist.add_row("turns with ids dropped", str(g["ids_dropped_turns"]), "")
     if g["resumed_turns"]:
         dist.add_row("turns / tokens resumed", str(g["resumed_turns"]), str(g["resumed_tokens"]))
     if g["discarded_checkpoints"]:

@@ -80,6 +80,13 @@ class BadResponse(TransientError):
     kind = "bad_response"
 
 
+class Unexpected(TransientError):
+    """An exception outside this tree (a defect, or a library's surprise): retried like a
+    transient one, so a sample it hits is failed past ``max_retries`` instead of run forever."""
+
+    kind = "unexpected"
+
+
 class NotContinued(BadResponse):
     """A continuation request was answered afresh (the server ignored the token-id prompt or
     ``continue_final_message``): the answer must not be joined to the saved partial."""

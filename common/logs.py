@@ -31,11 +31,10 @@ def secrets_of(settings: Settings) -> list[str]:
     return [*found, *passwords(settings.redis_url)]
 
 
-# One line per task (Celery's "received" and "succeeded") or per request (httpx): at INFO they
-# would be most of a long run's log. Shown only at DEBUG; their
-# problems (task failures, errors) are warnings and still show, with the per-minute summary
-# at INFO.
-CHATTY = ("celery.app.trace", "celery.worker.strategy", "httpx", "httpx2")
+# One line per task (Celery's "received" and "succeeded"): at INFO they would be most of a
+# long run's log. Shown only at DEBUG; their problems (task failures, errors) are warnings and
+# still show, with the per-minute summary at INFO.
+CHATTY = ("celery.app.trace", "celery.worker.strategy")
 
 
 def setup_logging(settings: Settings, level: str = "INFO") -> None:

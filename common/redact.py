@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 _URL_PASSWORD = re.compile(r"(?P<scheme>[a-z+]+://)(?P<user>[^:@/\s]*):(?P<pw>[^@/\s]+)@")
+# A bearer token quoted back by a server (its error echoing our Authorization header).
+_BEARER = re.compile(r"(?i)(bearer\s+)[^\s\"',;]+")
 
 
 def redact_url(url: str) -> str:
@@ -14,7 +16,7 @@ def redact_url(url: str) -> str:
 
 def redact(text: str, secrets: list[str]) -> str:
     """Replace every URL password and every given secret in ``text`` with ``***``."""
-    text = redact_url(text)
+    text = _BEARER.sub(r"\1***", redact_url(text))
     for secret in secrets:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")

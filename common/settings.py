@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -46,8 +47,18 @@ class Settings(BaseSettings):
     # No byte for this long means the stream is dead. Queue time on a busy server counts too,
     # so it must be generous; a slow but progressing generation never hits it.
     stall_timeout: float = Field(default=300.0, gt=0)
-    # Hard ceiling for one assistant turn, however steadily it streams.
+    # Hard ceiling for one assistant turn, however steadily it streams: connect, response head
+    # and body together.
     max_request_time: float = Field(default=3600.0, gt=0)
+    # The whole of each short request: GET /models, probes, /metrics reads, and an error
+    # status's body (its first few KB are kept for the message).
+    probe_timeout: float = Field(default=10.0, gt=0)
+    # After [DONE] and a finish, the rest of a body gets this long to end; one that does not
+    # has its connection closed, and the turn is kept.
+    drain_timeout: float = Field(default=2.0, gt=0)
+    # One server-sent event at most; past it the answer is a BadResponse. The biggest event
+    # is the one with a long prompt's ids (about 6 bytes per token).
+    max_event_bytes: int = Field(default=16 << 20, ge=1024)
     # Ask servers for token ids (vLLM's return_token_ids) and keep them in the records. auto:
     # where an endpoint gives them (learned per endpoint); on: a server without them fails the
     # sample (permanently); off: never ask.
@@ -112,8 +123,13 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=0, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
 
-    # Producer.
+    # Producer. Samples waiting in Redis (queued, pending or running), at most this many.
     max_pending: int = Field(default=10_000, ge=1)
+    # And about this many bytes of prompts waiting (the enqueue's mean sample size times the
+    # pending count): a sixth of a 24 GB Redis, leaving room for records, checkpoints, a fork.
+    max_pending_bytes: int = Field(default=4 << 30, ge=1 << 20)
+    # A source row (a JSONL line, or a sample's text) longer than this is an invalid row.
+    max_row_bytes: int = Field(default=4 << 20, ge=1024)
 
     # Seconds a finished answer's store is retried through a Redis blip before giving up.
     store_retry_s: float = Field(default=60.0, ge=0)
@@ -146,6 +162,13 @@ class Settings(BaseSettings):
         for url in value:
             if not url.startswith(("http://", "https://")) or not url.endswith("/v1"):
                 raise ValueError(f"endpoint {url!r} must be an http(s) URL ending in /v1")
+            parts = urlsplit(url)
+            if "@" in parts.netloc:  # would be sent nowhere, and named everywhere
+                where = f"{parts.scheme}://***@{parts.netloc.rpartition('@')[2]}{parts.path}"
+                raise ValueError(
+                    f"endpoint {where} holds credentials (user:password@): remove them and "
+                    "set EAGLEGEN_API_KEY instead"
+                )
         return [url.rstrip("/") for url in value]
 
     @field_validator("endpoint_caps", mode="before")

@@ -70,6 +70,7 @@ class Snapshot:
     wasted_tokens: int = 0
     resumed_turns: int = 0  # turns continued from a checkpoint
     resumed_tokens: int = 0  # tokens those turns did not generate again
+    ids_dropped_turns: int = 0  # turns whose server ids disagreed with their text: kept without
     discarded_checkpoints: int = 0  # checkpoints no proven continuation could take on
     last_finished_at: float | None = None
     errors: dict[str, int] = field(default_factory=dict)
@@ -172,8 +173,9 @@ class StatsRecorder:
         self._lock = threading.Lock()
 
     def turn(
-        self, endpoint: str, latency_s: float, completion_tokens: int, resumed_from: int = 0
-    ) -> None:
+        self, endpoint: str, latency_s: float, completion_tokens: int, resumed_from: int = 0,
+        ids_dropped: bool = False,
+    ) -> None:  # fmt: skip
         """A turn came back from the model (``resumed_from``: tokens it continued from a
         checkpoint instead of generating them again)."""
         k = self.keys
@@ -190,6 +192,8 @@ class StatsRecorder:
             if resumed_from:
                 b.add(k.stats, "resumed", 1)
                 b.add(k.stats, "resumed_tokens", resumed_from)
+            if ids_dropped:
+                b.add(k.stats, "ids_dropped", 1)
 
     def discarded(self, tokens: int) -> None:
         """Checkpointed tokens a turn could not continue from and generated again (wasted)."""
@@ -285,6 +289,7 @@ def _from_stats(stats: dict[str, str]) -> Snapshot:
         wasted_tokens=int(stats.get("wasted_tokens", 0)),
         resumed_turns=int(stats.get("resumed", 0)),
         resumed_tokens=int(stats.get("resumed_tokens", 0)),
+        ids_dropped_turns=int(stats.get("ids_dropped", 0)),
         discarded_checkpoints=int(stats.get("discarded_checkpoints", 0)),
         last_finished_at=float(stats["last_finished_at"]) if "last_finished_at" in stats else None,
     )

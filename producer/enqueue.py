@@ -12,7 +12,7 @@ from itertools import islice
 from common.ids import sample_id
 from common.models import GenParams, Sample, SourceRef
 from common.store import RunStore
-from producer.formats import InvalidRow, detect_format, to_prompt
+from producer.formats import InvalidRow, Prompt, detect_format, to_prompt
 from producer.preflight import prompt_estimate
 from producer.readers import RawRow, SourceInfo
 from producer.tools import tool_identity
@@ -74,11 +74,15 @@ class Feeder:
     max_pending: int = 10_000
     # max_model_len - max_tokens: a row whose first prompt cannot fit is skipped (None: unknown).
     max_prompt_tokens: int | None = None
+    max_pending_bytes: int = 4 << 30
+    max_row_bytes: int = 4 << 20
     on_invalid: Callable[[int, str], None] = lambda row, reason: None
     on_progress: Callable[[EnqueueCounts], None] = lambda counts: None
     wait: Callable[[float], None] = time.sleep
     counts: EnqueueCounts = field(default_factory=EnqueueCounts)
     _seen: set[str] = field(default_factory=set)
+    _sizes: dict[str, int] = field(default_factory=dict)  # the batch's samples, text bytes
+    _fed: list[int] = field(default_factory=lambda: [0, 0])  # samples and bytes accepted
 
     def run(self, rows: Iterable[RawRow], limit: int | None = None) -> EnqueueCounts:
         """Feed every row (the first ``limit``), blocking while the run has too much pending."""
@@ -94,9 +98,12 @@ class Feeder:
         known = self.store.known([s.id for s in samples])
         fresh = [s for s, seen in zip(samples, known, strict=True) if not seen]
         self.counts.present += len(samples) - len(fresh)
-        self._wait_for_room(len(fresh))
+        self._wait_for_room(len(fresh), sum(self._sizes[s.id] for s in fresh))
         accepted = self.store.accept(fresh)
         new_ids = [s.id for s, ok in zip(fresh, accepted, strict=True) if ok]
+        self._fed[0] += len(new_ids)
+        self._fed[1] += sum(self._sizes[sid] for sid in new_ids)
+        self._sizes.clear()
         self.counts.present += len(fresh) - len(new_ids)  # raced with another producer
         if new_ids:
             self.publish(new_ids)
@@ -108,8 +115,14 @@ class Feeder:
             if row.data is None:
                 raise InvalidRow(row.error or "unreadable row")
             prompt = to_prompt(row.data, self._format_of(row.data))
+            size = _text_bytes(prompt)
+            if size > self.max_row_bytes:
+                raise InvalidRow(f"{size} bytes of text, over EAGLEGEN_MAX_ROW_BYTES")
         except InvalidRow as exc:
             self._invalid(row.index, str(exc))
+            return None
+        except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
+            self._invalid(row.index, f"unreadable ({type(exc).__name__})")
             return None
         system, turns = (
             self.params.system_for(prompt.system),
@@ -124,6 +137,7 @@ class Feeder:
             self.counts.duplicates += 1
             return None
         self._seen.add(sid)
+        self._sizes[sid] = size
         source = SourceRef(
             dataset=self.info.dataset, split=self.info.split, row=row.index,
             format=self.counts.format or "?",
@@ -150,10 +164,26 @@ class Feeder:
         self.counts.reasons[reason_class(reason)] += 1
         self.on_invalid(index, reason)
 
-    def _wait_for_room(self, wanted: int) -> None:
-        # Backpressure: a million-row source must not sit in Redis at once.
-        while wanted and self.store.pending_count() + wanted > self.max_pending:
-            self.wait(0.5)
+    def _wait_for_room(self, wanted: int, wanted_bytes: int) -> None:
+        # Backpressure: a million-row source must not sit in Redis at once, nor a few long
+        # rows fill it. Bytes pending are estimated: the pending count times the mean size of
+        # the samples this enqueue accepted (Redis keeps no byte count of a run).
+        while wanted:
+            pending = self.store.pending_count()
+            if pending + wanted > self.max_pending:
+                self.wait(0.5)
+                continue
+            fed, fed_bytes = self._fed
+            mean = fed_bytes / fed if fed else wanted_bytes / wanted
+            if pending and pending * mean + wanted_bytes > self.max_pending_bytes:
+                self.wait(0.5)
+                continue
+            return
+
+
+def _text_bytes(prompt: Prompt) -> int:
+    texts = [prompt.system or "", *prompt.user_turns]
+    return sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)
 
 
 def _batches(rows: Iterable[RawRow], size: int) -> Iterator[list[RawRow]]:

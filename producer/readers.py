@@ -100,6 +100,8 @@ def _parse_line(index: int, raw: bytes) -> RawRow:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         return RawRow(index, None, f"broken JSON ({exc.msg} at column {exc.colno})")
+    except RecursionError:
+        return RawRow(index, None, "JSON nested too deep")
     if not isinstance(data, dict):
         return RawRow(index, None, f"a JSON {type(data).__name__}, not an object")
     return RawRow(index, data)
@@ -111,6 +113,8 @@ def _read_json_array(path: Path) -> Iterator[RawRow]:
         raise SourceError(f"{path}: empty file")
     try:
         data = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise SourceError(f"{path}: JSON nested too deep (a JSONL file skips such a row)") from None
     except UnicodeDecodeError as exc:
         raise SourceError(f"{path}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
     except json.JSONDecodeError as exc:

@@ -197,7 +197,7 @@ class FakeClient:
         self.options: list[dict[str, Any]] = []  # each call's turn, resume and progress
         self.probe_error = probe_error
 
-    def probe(self, timeout: float) -> None:
+    def probe(self, timeout: float | None = None) -> None:
         if self.probe_error is not None:
             raise self.probe_error
 

@@ -16,6 +16,8 @@ from celery import Celery, signals
 from broker.message import GENERATE_TASK
 from common import errors
 from common.backoff import backoff_delay
+from common.logs import secrets_of
+from common.redact import redact
 from common.settings import Settings
 
 # Redis restarting: try again soon; if even this publish fails, the reconciler finds the
@@ -64,16 +66,28 @@ def register_tasks(
 ) -> None:  # fmt: skip
     """Attach EagleGen's task to ``app`` (``name``: capture's task reuses the adapter)."""
 
+    secrets = secrets_of(settings)
+
     @app.task(bind=True, name=name, max_retries=None)  # type: ignore[untyped-decorator]
     def generate(self: Any, run: str, sample_id: str) -> str:
         work = processor()
         try:
             return work.process(run, sample_id, self.request.retries)
         except Exception as exc:
-            step = after_error(exc, self.request.retries, settings)
+            known = unexpected(exc, secrets)
+            step = after_error(known, self.request.retries, settings)
             if step is None:
                 raise
-            return _follow(self, step, exc, work, hand_back, run, sample_id)
+            return _follow(self, step, known, work, hand_back, run, sample_id)
+
+
+def unexpected(exc: Exception, secrets: list[str]) -> Exception:
+    """``exc``, or, outside EagleGen's tree and Redis's, an :class:`errors.Unexpected` naming it
+    (redacted: its text may be a server's): an attempt like any other, bounded by max_retries."""
+    if isinstance(exc, errors.EagleGenError | redis.RedisError):
+        return exc
+    text = " ".join(redact(f"{type(exc).__name__}: {exc}", secrets).split())[:500]
+    return errors.Unexpected(text)
 
 
 def _follow(

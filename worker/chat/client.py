@@ -25,12 +25,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
 from common import errors
+from common.logs import secrets_of
 from common.models import Checkpoint, GenParams, TurnResult
+from common.redact import redact
 from common.settings import Settings
 from worker.chat import transport
 from worker.chat.reasoning import partial_message
@@ -38,6 +40,10 @@ from worker.chat.stream import CompletionStream, TurnStream
 
 Messages = list[dict[str, Any]]
 Check = Callable[[], None]
+MODELS_BODY = 1 << 20  # bytes: a /v1/models list longer than this is not one
+# Refusals of /v1/completions in a row (none answered since) before exact resume is off for the
+# endpoint: one refusal may be that request's own (a prompt too long), not the endpoint's.
+COMPLETIONS_REFUSALS = 3
 
 
 class Progress(Protocol):
@@ -52,28 +58,49 @@ class Progress(Protocol):
     def save(self, checkpoint: Checkpoint) -> None: ...
 
 
+# Whatever a hostile or broken answer makes the decoder raise: one BadResponse.
+UNDECODABLE = (ValueError, TypeError, AttributeError, KeyError, IndexError, RecursionError)
+
+
 @contextmanager
-def translate_errors(endpoint: str) -> Iterator[None]:
-    """Map transport exceptions and undecodable bodies to transient EagleGen errors."""
+def translate_errors(endpoint: str, secrets: Sequence[str] = ()) -> Iterator[None]:
+    """Map transport exceptions and undecodable bodies to transient EagleGen errors.
+
+    Messages are built from the server's text redacted and shortened, and the lower error is
+    not chained (``from None``): Celery's events, tracebacks and Flower show only this one.
+    """
     try:
         yield
     except errors.EagleGenError:
         raise
-    except transport.ConnectTimeout as exc:
-        raise errors.TimeoutError_(f"{endpoint}: timed out connecting") from exc
-    except transport.ReadTimeout as exc:
-        raise errors.StallError(f"{endpoint}: stream stalled (no data within the timeout)") from exc
+    except transport.ConnectTimeout:
+        raise errors.TimeoutError_(f"{endpoint}: timed out connecting") from None
+    except transport.DeadlineExceeded:
+        raise errors.TimeoutError_(f"{endpoint}: the request exceeded its time limit") from None
+    except transport.ReadTimeout:
+        stalled = f"{endpoint}: stream stalled (no data within the timeout)"
+        raise errors.StallError(stalled) from None
     except transport.Dropped as exc:
-        raise errors.Disconnected(f"{endpoint}: connection dropped mid-response: {exc}") from exc
+        text = server_text(str(exc), secrets)
+        raise errors.Disconnected(f"{endpoint}: connection dropped mid-response: {text}") from None
     except transport.ConnectFailed as exc:
-        raise errors.ConnectError(f"{endpoint}: cannot connect: {exc}") from exc
-    except ValueError as exc:  # a body that is not OpenAI JSON
-        raise errors.BadResponse(f"{endpoint}: response is not OpenAI JSON: {exc}") from exc
+        text = server_text(str(exc), secrets)
+        raise errors.ConnectError(f"{endpoint}: cannot connect: {text}") from None
+    except UNDECODABLE as exc:  # a body that is not OpenAI JSON, or JSON of the wrong shape
+        text = server_text(f"{type(exc).__name__}: {exc}", secrets)
+        raise errors.BadResponse(f"{endpoint}: response is not OpenAI JSON: {text}") from None
 
 
-def status_error(status: int, body: bytes, endpoint: str) -> errors.GenerationError:
+def server_text(text: str, secrets: Sequence[str], limit: int = 300) -> str:
+    """A server's text as it may appear in an error: secrets masked, one short line."""
+    return " ".join(redact(text[: limit * 4], list(secrets)).split())[:limit]
+
+
+def status_error(
+    status: int, body: bytes, endpoint: str, secrets: Sequence[str] = ()
+) -> errors.GenerationError:
     """The EagleGen error of an HTTP error status, with the server's message."""
-    text = f"{endpoint}: HTTP {status}: {_short(_error_message(body))}"
+    text = f"{endpoint}: HTTP {status}: {server_text(_error_message(body), secrets)}"
     if status == 429:
         return errors.RateLimited(text)
     if status >= 500 or status in (408, 409):
@@ -91,16 +118,12 @@ def _error_message(body: bytes) -> str:
     """The message of an OpenAI/vLLM error body, else the body as text."""
     try:
         found = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return body.decode("utf-8", "replace")
     error = found.get("error", found) if isinstance(found, dict) else found
     if isinstance(error, dict):
         return str(error.get("message") or error.get("detail") or error)
     return str(error)
-
-
-def _short(message: str, limit: int = 300) -> str:
-    return " ".join(message.split())[:limit]
 
 
 class IdSupport:
@@ -130,13 +153,16 @@ class IdSupport:
             raise self._missing("refuses return_token_ids") from exc
         return True
 
-    def answered(self, turn: TurnResult) -> None:
-        """Learn from a finished turn; in ``on`` mode a turn without ids fails."""
+    def answered(self, turn: TurnResult, learn: bool = True) -> None:
+        """Learn from a finished chat turn (``learn``: not from a continuation, which asks
+        another API, nor from a turn whose ids were dropped as inconsistent); in ``on`` mode
+        a turn without ids fails."""
         has_ids = turn.prompt_token_ids is not None
-        if self.known is None:
+        if self.known is None and learn and turn.token_ids_dropped is None:
             self.known = has_ids
         if self.mode == "on" and not has_ids:
-            exc = self._missing("answered without token ids")
+            why = turn.token_ids_dropped
+            exc = self._missing(f"gave ids that {why}" if why else "answered without token ids")
             exc.tokens_streamed = turn.usage.completion_tokens  # generated for nothing
             raise exc
 
@@ -158,11 +184,13 @@ class ChatClient:
         self._model = settings.model
         self._model_lock = threading.Lock()
         self.ids = IdSupport(settings.token_ids, endpoint)
+        self._secrets = secrets_of(settings)
         self._chat_url = f"{endpoint}/chat/completions"
         self._completions_url = f"{endpoint}/completions"
         # Whether the endpoint continues token-id prompts on /v1/completions, and whether it
         # honours continue_final_message (None: not tried yet).
         self.completions: bool | None = None
+        self._refusals = 0  # of /v1/completions in a row
         self.chat_continues: bool | None = None
         self._probe_lock = threading.Lock()
         self._models_url = f"{endpoint}/models"
@@ -185,17 +213,21 @@ class ChatClient:
                 self._model = str(listed[0]["id"])
             return self._model
 
-    def probe(self, timeout: float) -> None:
+    def probe(self, timeout: float | None = None) -> None:
         """One cheap request (GET /models) that raises the EagleGen error if the server is down."""
         self._models(timeout)
 
     def _models(self, timeout: float | None = None) -> list[dict[str, Any]]:
-        with translate_errors(self.endpoint):
-            status, content = self._http.get(self._models_url, timeout=timeout)
+        with translate_errors(self.endpoint, self._secrets):
+            url, limit = self._models_url, timeout or self._settings.probe_timeout
+            status, content = self._http.get(url, limit, MODELS_BODY)
             if status != 200:
-                raise status_error(status, content, self.endpoint)
-            data = json.loads(content).get("data")
-        return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+                raise status_error(status, content, self.endpoint, self._secrets)
+            found = json.loads(content)
+            data = found.get("data") if isinstance(found, dict) else None
+            if not isinstance(data, list):
+                raise errors.BadResponse(f"{self.endpoint}: /v1/models holds no model list")
+        return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
     def complete(
         self,
@@ -330,7 +362,7 @@ class ChatClient:
             "return_token_ids": True,
         }  # fmt: skip
         stream = TurnStream(self.endpoint, model)
-        self._read(self._chat_url, _encode(body), stream, None, None)
+        self._read(self._chat_url, _encode(body), stream, None, None, self._settings.probe_timeout)
         return stream.prompt_token_ids
 
     def _continue_ids(
@@ -351,14 +383,20 @@ class ChatClient:
                 self._completions_url, completion_body(model, prompt, params, left), stream,
                 check, progress,
             )  # fmt: skip
-        except (errors.BadRequest, errors.NotFound, errors.NotContinued):
-            # No /v1/completions, no token-id prompts (SGLang, hosted APIs), or a server that
-            # answered one afresh: remembered, and continued from the text instead, if that
-            # is proven to work there.
+        except errors.NotContinued:
+            # It answered a token-id prompt afresh: proven not to continue; remembered, and
+            # continued from the text instead, if that is proven to work there.
             self.completions = False
             return None
-        self.completions = True
-        self.ids.answered(result)
+        except (errors.BadRequest, errors.NotFound):
+            # No /v1/completions, or no token-id prompts (SGLang, hosted APIs): the same,
+            # remembered after a few refusals in a row (one may be that request's own).
+            self._refusals += 1
+            if self._refusals >= COMPLETIONS_REFUSALS:
+                self.completions = False
+            return None
+        self.completions, self._refusals = True, 0
+        self.ids.answered(result, learn=False)
         return result
 
     def _turn(
@@ -368,27 +406,46 @@ class ChatClient:
         started = time.monotonic()
         try:
             self._read(url, body, stream, check, progress)
-            return stream.result(time.monotonic() - started, stream.model)
+            with translate_errors(self.endpoint, self._secrets):
+                return stream.result(time.monotonic() - started, stream.model)
         except errors.GenerationError as exc:
+            # Server text may have reached the message anywhere below: masked before it leaves.
+            exc.args = (server_text(str(exc), self._secrets, 1000),)
             exc.endpoint = exc.endpoint or self.endpoint
             exc.tokens_streamed = stream.tokens()
-            exc.checkpoint = stream.checkpoint()
+            exc.checkpoint = _checkpoint(stream)
             raise
 
     def _read(
         self, url: str, body: bytes, stream: TurnStream, check: Check | None,
-        progress: Progress | None,
+        progress: Progress | None, seconds: float | None = None,
     ) -> None:  # fmt: skip
-        """POST ``body`` and feed the streamed response to ``stream``, to its end."""
-        deadline = time.monotonic() + self._settings.max_request_time
+        """POST ``body`` and feed the streamed response to ``stream``, to its end, past [DONE]:
+        a response left unread closes its connection, and every request would pay a new one
+        (the server too). All of it within ``seconds`` (default ``max_request_time``); a
+        finished stream's body gets ``drain_timeout`` to end, and one that does not keeps the
+        turn. An error status's body gives the message, its first few KB within
+        ``probe_timeout``."""
+        deadline = time.monotonic() + (seconds or self._settings.max_request_time)
+        stream.max_event = self._settings.max_event_bytes
         with (
-            translate_errors(self.endpoint),
-            self._http.stream("POST", url, content=body) as response,
+            translate_errors(self.endpoint, self._secrets),
+            self._http.stream(
+                "POST", url, content=body, deadline=deadline, check=check
+            ) as response,
         ):
             if response.status_code != 200:
-                raise status_error(response.status_code, response.read(), self.endpoint)
-            # Read to the end of the body, past [DONE]: a response left unread closes its
-            # connection, and every request would pay a new one (the server too).
+                response.limit(self._settings.probe_timeout)
+                head = response.head_of(transport.ERROR_BODY)
+                raise status_error(response.status_code, head, self.endpoint, self._secrets)
+            self._feed(response, stream, check, progress)
+
+    def _feed(
+        self, response: transport.Response, stream: TurnStream, check: Check | None,
+        progress: Progress | None,
+    ) -> None:  # fmt: skip
+        draining = False
+        try:
             for data in response.iter_raw():
                 stream.feed(data)
                 if check is not None:
@@ -397,12 +454,24 @@ class ChatClient:
                     saved = stream.checkpoint()
                     if saved is not None:
                         progress.save(saved)
-                if time.monotonic() > deadline:
-                    raise errors.TimeoutError_(f"{self.endpoint}: turn exceeded max time")
+                if stream.done and not draining:
+                    draining = True
+                    response.limit(self._settings.drain_timeout)
+        except transport.TransportError:
+            if not (draining and stream.finish_reason is not None):
+                raise
 
     def close(self) -> None:
         """Close the connection pool."""
         self._http.close()
+
+
+def _checkpoint(stream: TurnStream) -> Checkpoint | None:
+    """What a broken stream had generated; None when even that does not decode."""
+    try:
+        return stream.checkpoint()
+    except (*UNDECODABLE, errors.EagleGenError):
+        return None
 
 
 def chat_body(

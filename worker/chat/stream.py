@@ -17,6 +17,8 @@ from worker.chat.tool_calls import ToolCallParts
 
 # The JSON scanner at an offset (json.loads would first copy the payload out and re-check it).
 _scan = json.JSONDecoder().raw_decode
+# One server-sent event at most (bytes): the last chunk of a long prompt's ids is the biggest.
+MAX_EVENT = 16 << 20
 
 
 class TurnStream:
@@ -27,10 +29,18 @@ class TurnStream:
     (``raw_decode`` at its offset: no slice, no line objects, no per-chunk objects); deltas are
     appended to lists. Other event shapes (several ``data`` lines, comments, CRLF framing)
     take a slower general path. The CPU per token bounds how many streams a worker holds.
+
+    Hostile answers are bounded: an event still open after ``max_event`` bytes is a
+    BadResponse (its parts are kept apart until its end arrives, never re-copied); each field
+    read is type-checked where it is used (a wrong type raises here, and the client maps it to
+    BadResponse). Ids that disagree with the text (a chunk with text and no ids, or fewer ids
+    than ``usage.completion_tokens``) are dropped from the turn and its checkpoints, with the
+    reason in ``ids_dropped``; fields this decoder does not read (``tool_calls``) are left be.
     """
 
     # Whether the text is the model's raw output (/v1/completions: no reasoning parser).
     raw = False
+    max_event = MAX_EVENT  # bytes; the client sets EAGLEGEN_MAX_EVENT_BYTES
 
     def __init__(
         self, endpoint: str, model: str = "", turn: int = 0, resume: Checkpoint | None = None
@@ -53,20 +63,32 @@ class TurnStream:
         # or end-of-reasoning token, is generated again rather than continued from).
         self.text_ids = 0
         self.tool_calls: ToolCallParts | None = None  # made by the first tool-call fragment
-        self._rest = b""
+        self.unmarked = 0  # chunks with text and no ids
+        self.ids_dropped: str | None = None  # why the ids were found wrong, once they were
+        self._checked = 0  # ids known to be ints
+        self._parts: list[bytes] = []  # an event not yet ended, as it arrived
+        self._waiting = 0  # its bytes
 
     def feed(self, data: bytes) -> None:
         """Parse the events that arrived; an incomplete one waits for the next read."""
         if self.done:
             return
-        buf = self._rest + data if self._rest else data
+        if self._parts:
+            if not _ends_event(self._parts[-1], data):
+                self._wait(data)
+                return
+            buf = b"".join([*self._parts, data])
+            self._parts, self._waiting = [], 0
+        else:
+            buf = data
         if b"\r" in buf:  # CRLF framing; a CR at the end of a read meets its LF next time
             buf = buf.replace(b"\r\n", b"\n")
         cut = buf.rfind(b"\n\n") + 2
         if cut < 2:
-            self._rest = buf
+            self._wait(buf)
             return
-        self._rest = buf[cut:]
+        if cut < len(buf):
+            self._wait(buf[cut:])
         # Whole events only: no UTF-8 character is split at the cut.
         text = (buf[:cut] if cut < len(buf) else buf).decode()
         start = 0
@@ -83,6 +105,15 @@ class TurnStream:
                 self._event(text[start:end])
             start = end + 2
 
+    def _wait(self, part: bytes) -> None:
+        self._parts.append(part)
+        self._waiting += len(part)
+        if self._waiting > self.max_event:
+            raise errors.BadResponse(
+                f"{self.endpoint}: a server-sent event over {self.max_event} bytes "
+                "(EAGLEGEN_MAX_EVENT_BYTES)"
+            )
+
     def _event(self, block: str) -> None:
         payload = _data_field(block)
         if payload is None:
@@ -98,27 +129,39 @@ class TurnStream:
     def _add(self, chunk: dict[str, Any]) -> None:
         choices = chunk.get("choices")
         if choices:
+            if type(choices) is not list:
+                raise _wrong("choices", choices)
             for choice in choices:
+                if type(choice) is not dict:
+                    raise _wrong("a choice", choice)
                 self._add_choice(choice)
         elif chunk.get("error"):
-            message = f"{self.endpoint}: error in the stream: {chunk['error']}"
-            raise errors.ServerError(message[:400])
+            raise errors.ServerError(f"{self.endpoint}: error in the stream: {chunk['error']}")
         prompt = chunk.get("prompt_token_ids")
         if prompt is not None:
-            self.prompt_token_ids = prompt
+            self._prompt_ids(prompt)
         usage = chunk.get("usage")
         if usage:
+            if type(usage) is not dict:
+                raise _wrong("usage", usage)
             self.usage = usage
 
     def _add_choice(self, choice: dict[str, Any]) -> None:
         ids = choice.get("token_ids")
         if ids:
-            self.token_ids += ids
+            if type(ids) is list:
+                self.token_ids += ids  # each an int: checked once per id, in _ids
+            else:
+                self.ids_dropped = "are not lists"
         if self._add_text(choice):
             self.text_chunks += 1
             self.text_ids = len(self.token_ids)
+            if not ids:
+                self.unmarked += 1
         reason = choice.get("finish_reason")
         if reason:
+            if type(reason) is not str:
+                raise _wrong("finish_reason", reason)
             self.finish_reason = reason
 
     def _add_text(self, choice: dict[str, Any]) -> bool:
@@ -126,12 +169,18 @@ class TurnStream:
         delta = choice.get("delta")
         if not delta:
             return False
+        if type(delta) is not dict:
+            raise _wrong("delta", delta)
         text = delta.get("content")
         if text:
+            if type(text) is not str:
+                raise _wrong("content", text)
             self.content.append(text)
         # vLLM now sends `reasoning`; SGLang and older vLLM `reasoning_content`.
         thought = delta.get("reasoning") or delta.get("reasoning_content")
         if thought:
+            if type(thought) is not str:
+                raise _wrong("reasoning", thought)
             self.reasoning.append(thought)
         calls = delta.get("tool_calls")
         if calls:
@@ -158,6 +207,7 @@ class TurnStream:
             usage=self._usage(), latency_s=round(latency, 3), endpoint=self.endpoint,
             model=model, prompt_token_ids=prompt_ids, token_ids=ids,
             resumed_from_tokens=self.resumed, tool_calls=calls,
+            token_ids_dropped=self.ids_dropped,
         )  # fmt: skip
 
     def finished(self) -> TurnResult:
@@ -194,8 +244,8 @@ class TurnStream:
 
     def _ids(self, end: int) -> tuple[list[int] | None, list[int] | None]:
         """(prompt ids, completion ids up to ``end`` of this stream's): the original prompt's
-        and the whole turn's, or (None, None) where the server gave none."""
-        if self.prompt_token_ids is None:
+        and the whole turn's, or (None, None) where the server gave none or they are wrong."""
+        if self.prompt_token_ids is None or not self._ids_agree():
             return None, None
         if self.resume is None:
             return self.prompt_token_ids, self.token_ids[:end]
@@ -204,11 +254,38 @@ class TurnStream:
             return None, None
         return prompt, before + self.token_ids[:end]
 
+    def _prompt_ids(self, ids: object) -> None:
+        if type(ids) is list and all(type(i) is int for i in ids):
+            self.prompt_token_ids = ids
+        else:
+            self.prompt_token_ids = []  # the server gives ids, wrong ones: the turn's are dropped
+            self.ids_dropped = "hold a prompt that is not a list of integers"
+
+    def _ids_agree(self) -> bool:
+        """Whether the ids so far can be trusted; once not, the reason is in ``ids_dropped``."""
+        if self.ids_dropped is None:
+            self.ids_dropped = self._ids_problem()
+        return self.ids_dropped is None
+
+    def _ids_problem(self) -> str | None:
+        ids = self.token_ids
+        if not all(type(i) is int for i in ids[self._checked :]):
+            return "are not all integers"  # "123" would have been spread into "1", "2", "3"
+        self._checked = len(ids)
+        if self.unmarked:
+            return f"are missing from {self.unmarked} of {self.text_chunks} chunks with text"
+        done = self.usage.get("completion_tokens")
+        if self.finish_reason is not None and type(done) is int and done != len(ids):
+            return f"number {len(ids)}, usage.completion_tokens {done}"
+        return None
+
     def _usage(self) -> Usage:
         """The turn's usage: a resumed turn counts what it resumed from as generated by it,
         and its prompt is the original one, not the continuation's."""
         prompt = self.usage.get("prompt_tokens") or 0
         done = self.usage.get("completion_tokens") or 0
+        if type(prompt) is not int or type(done) is not int:
+            raise _wrong("usage", self.usage)
         resume = self.resume
         if resume is None:
             return Usage(prompt_tokens=prompt, completion_tokens=done)
@@ -217,6 +294,19 @@ class TurnStream:
         else:  # the continuation's prompt held the partial text: about its tokens more
             prompt = max(0, prompt - resume.tokens)
         return Usage(prompt_tokens=prompt, completion_tokens=resume.tokens + done)
+
+
+def _wrong(field: str, value: object) -> errors.BadResponse:
+    """A field of the wrong type; the value, shortened, for the reason."""
+    return errors.BadResponse(f"{field} is a {type(value).__name__}: {str(value)[:60]!r}")
+
+
+def _ends_event(last: bytes, data: bytes) -> bool:
+    """Whether ``data`` ends the event whose last part so far is ``last`` (no blank line in it)."""
+    if b"\n\n" in data or b"\n\r\n" in data:
+        return True
+    seam = last[-3:] + data[:3]
+    return b"\n\n" in seam or b"\n\r\n" in seam
 
 
 class CompletionStream(TurnStream):
@@ -241,9 +331,11 @@ class CompletionStream(TurnStream):
     def _add_text(self, choice: dict[str, Any]) -> bool:
         prompt = choice.get("prompt_token_ids")
         if prompt is not None:
-            self.prompt_token_ids = prompt
+            self._prompt_ids(prompt)
         text = choice.get("text")
         if text:
+            if type(text) is not str:
+                raise _wrong("text", text)
             self.prove()
             self.content.append(text)
         return bool(text)

@@ -21,14 +21,13 @@ import math
 import threading
 from dataclasses import dataclass, replace
 
-import httpx
 import redis
 
 from common.keys import EndpointKeys
 from common.locks import HeldLock
 from common.settings import Settings
 from worker.endpoints.capacity import SlotTable
-from worker.endpoints.vllm_metrics import family_values, metrics_url
+from worker.endpoints.vllm_metrics import READ_ERRORS, MetricsReader, family_values, metrics_url
 
 log = logging.getLogger("eaglegen.adaptive")
 
@@ -127,7 +126,7 @@ class AdaptiveDriver:
         self._locks: dict[str, HeldLock] = {}
         # A loaded server can take over a second to render /metrics; a read that times out
         # only leaves the cap as it is, so the timeout need not be tight.
-        self._http = httpx.Client(timeout=5.0)
+        self._http = MetricsReader(timeout=5.0)
         # Long enough to survive a few missed reads, short enough that a stale cap goes away.
         self.cap_ttl = max(30.0, settings.adaptive_interval * 10)
 
@@ -159,10 +158,8 @@ class AdaptiveDriver:
 
     def _read(self, url: str) -> ServerLoad | None:
         try:
-            response = self._http.get(metrics_url(url))
-            response.raise_for_status()
-            return parse_metrics(response.text)
-        except (httpx.HTTPError, ValueError) as exc:
+            return parse_metrics(self._http.text(url))
+        except READ_ERRORS as exc:
             log.warning("cannot read %s: %s; its cap stays", metrics_url(url), exc)
             return None
 

@@ -17,8 +17,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import redis
@@ -228,17 +229,23 @@ class EndpointPool:
             self.signal.notify_all()  # requests waiting for it go elsewhere now
 
     def check_all(self) -> None:
-        """At start: ask every endpoint for its models; say which cannot be reached, and why."""
-        for url in self.clients:
-            try:
-                self.clients[url].probe(self.settings.connect_timeout)
-                model = self.clients[url].model()
-            except errors.GenerationError as exc:
-                self._found_down(url, exc)
-                continue
-            chosen = "EAGLEGEN_MODEL" if self.settings.model else "the first of its /v1/models"
-            log.info("endpoint %s answers; serving model %s (%s)", url, model, chosen)
-            self._report(url, None)
+        """At start: ask every endpoint for its models, each on its own thread (a slow one
+        delays no other); say which cannot be reached, and why."""
+        threads = [_spawn(partial(self._check, url), "endpoint-check")
+                   for url in self.clients]  # fmt: skip
+        for thread in threads:
+            thread.join()
+
+    def _check(self, url: str) -> None:
+        try:
+            self.clients[url].probe()
+            model = self.clients[url].model()
+        except errors.GenerationError as exc:
+            self._found_down(url, exc)
+            return
+        chosen = "EAGLEGEN_MODEL" if self.settings.model else "the first of its /v1/models"
+        log.info("endpoint %s answers; serving model %s (%s)", url, model, chosen)
+        self._report(url, None)
 
     def _found_down(self, url: str, exc: errors.GenerationError) -> None:
         if not counts_against(exc):  # it answers, but refuses (a wrong key or model name)
@@ -262,17 +269,20 @@ class EndpointPool:
             log.warning("endpoint state not published: %s", err)
 
     def probe_loop(self) -> None:
-        """Probe endpoints that are out once their cool-down is over, until ``close()``."""
+        """Probe endpoints that are out once their cool-down is over, until ``close()``; each
+        probe on a thread of its own: one slow server never delays another's probe."""
+        probing: dict[str, threading.Thread] = {}
         while not self._stop.wait(PROBE_TICK):
             now = time.monotonic()
             with self._lock:
                 due = [url for url, health in self.health.items() if health.probe_due(now)]
             for url in due:
-                self._probe(url)
+                if url not in probing or not probing[url].is_alive():
+                    probing[url] = _spawn(partial(self._probe, url), "probe")
 
     def _probe(self, url: str) -> None:
         try:
-            self.clients[url].probe(self.settings.connect_timeout)
+            self.clients[url].probe()
         except errors.GenerationError as exc:
             with self._lock:
                 self.health[url].probe_failed(time.monotonic())
@@ -381,3 +391,10 @@ def _health(settings: Settings) -> EndpointHealth:
     # Probes are one GET each: a dead server is still asked at least every six cool-downs.
     cooldown = settings.endpoint_cooldown
     return EndpointHealth(settings.endpoint_failures, cooldown, max_cooldown=cooldown * 6)
+
+
+def _spawn(target: Callable[[], None], name: str) -> threading.Thread:
+    """A short-lived thread (one probe of one endpoint)."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread

@@ -12,15 +12,15 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import httpx
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from worker.endpoints.vllm_metrics import family_values, metrics_url
+from worker.endpoints.vllm_metrics import READ_ERRORS, MetricsReader, family_values
 
 QUERIES = "vllm:prefix_cache_queries"
 HITS = "vllm:prefix_cache_hits"
-TIMEOUT_S = 2.0  # a loaded server renders /metrics slowly; status must not hang on it
+# Per read, the whole of it: a loaded server renders /metrics slowly; status must not hang.
+TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -56,20 +56,19 @@ def read_prefix_caches(
     """Every endpoint's counters, read in parallel; None where a server has none or is silent."""
     if not endpoints:
         return {}
-    with (
-        httpx.Client(timeout=timeout) as http,
-        ThreadPoolExecutor(max_workers=min(len(endpoints), 8)) as pool,
-    ):
-        found = pool.map(lambda url: _read(http, url), endpoints)
-        return dict(zip(endpoints, found, strict=True))
+    reader = MetricsReader(timeout)
+    # One thread per endpoint: each read is bounded by ``timeout``, so status waits one of them.
+    with ThreadPoolExecutor(max_workers=min(len(endpoints), 32)) as pool:
+        found = pool.map(lambda url: _read(reader, url), endpoints)
+        counters = dict(zip(endpoints, found, strict=True))
+    reader.close()
+    return counters
 
 
-def _read(http: httpx.Client, endpoint: str) -> CacheCounters | None:
+def _read(reader: MetricsReader, endpoint: str) -> CacheCounters | None:
     try:
-        response = http.get(metrics_url(endpoint))
-        response.raise_for_status()
-        return parse_prefix_cache(response.text)
-    except (httpx.HTTPError, ValueError):
+        return parse_prefix_cache(reader.text(endpoint))
+    except READ_ERRORS:
         return None
 
 

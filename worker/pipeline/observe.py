@@ -85,8 +85,12 @@ class Observer:
     def turn(self, run: str, turn: TurnResult) -> None:
         """A turn came back from the model."""
         tokens = turn.usage.completion_tokens
+        dropped = turn.token_ids_dropped is not None
+        if dropped:
+            log.warning("%s: token ids dropped from a turn: they %s", turn.endpoint,
+                        turn.token_ids_dropped)  # fmt: skip
         recorder = self.recorder(run)
-        recorder.turn(turn.endpoint, turn.latency_s, tokens, turn.resumed_from_tokens)
+        recorder.turn(turn.endpoint, turn.latency_s, tokens, turn.resumed_from_tokens, dropped)
         self.metrics.turn(turn.endpoint, turn.latency_s, tokens, turn.resumed_from_tokens)
         if turn.discarded_tokens:  # a checkpoint it could not continue: generated again
             recorder.discarded(turn.discarded_tokens)
