@@ -46,6 +46,9 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
     }
     data["endpoints"] = _endpoints(store, settings, snap.endpoints)
     data["clocks_off"] = _clocks_off(store, settings)
+    # One model per run: the pinned one, and the endpoints refused for serving another.
+    data["model"] = store.pinned_model()
+    data["refused_endpoints"] = store.refused_endpoints()
     return data
 
 

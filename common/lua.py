@@ -14,12 +14,31 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 # -- a run's samples (common/store.py) -------------------------------------------------------
 
-# KEYS: accepted, pending, prompts   ARGV: id1, sample json1, id2, sample json2...
-# A batch in one call: per id 1 if new, 0 if the run already had it. New ids join pending and
-# their prompts are stored with one command each for the whole batch.
-ACCEPT = """
+# A sample is the lease holder's when its owner is the caller's token, or when it has no owner
+# and the reaper's note names that token (reaped while its holder was paused or cut off, and
+# not taken by anyone since). A lease its holder released has neither: it is nobody's.
+# Expects ``pending``, ``owners``, ``reaped`` (keys), ``id`` and ``token`` (values).
+IS_HOLDER = """
+local function is_holder(owners, reaped, id, token)
+  local owner = redis.call('HGET', owners, id)
+  if owner then return owner == token end
+  return redis.call('HGET', reaped, id) == token
+end
+"""
+
+# KEYS: accepted, pending, prompts, retired, producers
+# ARGV: producer id, heartbeat ttl_ms, id1, sample json1, id2, sample json2...
+# A batch in one call: per id 1 if new, 0 if the run already had it; -1 (nothing stored) when
+# the run is retired. New ids join pending and their prompts are stored with one command each
+# for the whole batch. The producer's heartbeat is renewed with it (``runs retire`` waits for
+# a live producer).
+ACCEPT = (
+    NOW_MS
+    + """
+if redis.call('EXISTS', KEYS[4]) == 1 then return -1 end
+redis.call('ZADD', KEYS[5], now + tonumber(ARGV[2]), ARGV[1])
 local fresh, ids, prompts = {}, {}, {}
-for i = 1, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   local new = redis.call('SADD', KEYS[1], ARGV[i])
   fresh[#fresh + 1] = new
   if new == 1 then
@@ -34,19 +53,39 @@ if #ids > 0 then
 end
 return fresh
 """
+)
 
-# KEYS: pending, leases, lease_owner, prompts, counters
+# KEYS: retired, producers   ARGV: producer id, ttl_ms (0: the producer stopped)
+# A producer still feeding the run (waiting for room counts), or gone; -1 on a retired run.
+PRODUCER_BEAT = (
+    NOW_MS
+    + """
+if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if ARGV[2] == '0' then return redis.call('ZREM', KEYS[2], ARGV[1]) end
+return redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+"""
+)
+
+# KEYS: retired, counters   ARGV: counter, amount   (a retired run's counters stay gone)
+INCR_COUNTER = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+return redis.call('HINCRBY', KEYS[2], ARGV[1], tonumber(ARGV[2]))
+"""
+
+# KEYS: pending, leases, lease_owner, prompts, counters, reaped, retired
 # ARGV: id, owner, ttl_ms, retries, attempts field, partial field, checkpoint field
 # Everything a worker needs to start on a sample, in one call: the lease, the attempt count,
 # the prompt, the turns answered by earlier attempts and the checkpoint of the turn they were
 # on. Returns {'ok', attempts, prompt, partial, checkpoint} (nil or empty when absent), or
-# {'done'} / {'leased'}.
+# {'done'} / {'leased'} / {'retired'}.
 # An attempt beyond the message's own retries means the message came again (the reconciler,
 # a hand-back, the visibility timeout): counted as a redelivery. A lease and its owner are
 # always written and removed together, so a sample without an owner has no lease to check.
 LEASE_TAKE = (
     NOW_MS
     + """
+if redis.call('EXISTS', KEYS[7]) == 1 then return {'retired'} end
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return {'done'} end
 local owner = redis.call('HGET', KEYS[3], ARGV[1])
 if owner and owner ~= ARGV[2] then
@@ -55,6 +94,7 @@ if owner and owner ~= ARGV[2] then
 end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+redis.call('HDEL', KEYS[6], ARGV[1])
 local attempts = redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
 if attempts > tonumber(ARGV[4]) + 1 then redis.call('HINCRBY', KEYS[5], 'redeliveries', 1) end
 local found = redis.call('HMGET', KEYS[4], ARGV[1], ARGV[6], ARGV[7])
@@ -62,20 +102,23 @@ return {'ok', attempts, found[1], found[2], found[3]}
 """
 )
 
-# KEYS: leases, lease_owner, pending   ARGV: ttl_ms, id1, owner1, id2, owner2...
-# Returns the ids whose lease another worker now holds. A lease with no owner at all (reaped
-# while Redis was unreachable long enough for every lease to look expired) is taken back: its
-# holder is alive, or it would not be renewing.
+# KEYS: leases, lease_owner, pending, reaped   ARGV: ttl_ms, id1, owner1, id2, owner2...
+# Returns the ids that are not ours any more: another worker holds them, or they ended. A
+# lease the reaper took from this very holder (a pause, Redis unreachable long enough for
+# every lease to look expired) is taken back while the sample is pending and no one else took
+# it: its holder is alive, or it would not be renewing. A lease its holder released (a
+# renewal from a snapshot taken just before) is never taken back: its generation is over.
 LEASE_RENEW = (
     NOW_MS
+    + IS_HOLDER
     + """
 local lost = {}
 for i = 2, #ARGV, 2 do
-  local owner = redis.call('HGET', KEYS[2], ARGV[i])
-  if owner == ARGV[i + 1]
-      or (not owner and redis.call('SISMEMBER', KEYS[3], ARGV[i]) == 1) then
+  if is_holder(KEYS[2], KEYS[4], ARGV[i], ARGV[i + 1])
+      and redis.call('SISMEMBER', KEYS[3], ARGV[i]) == 1 then
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
     redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+    redis.call('HDEL', KEYS[4], ARGV[i])
   else
     table.insert(lost, ARGV[i])
   end
@@ -84,53 +127,81 @@ return lost
 """
 )
 
-# KEYS: leases, lease_owner   ARGV: id, owner
-LEASE_RELEASE = """
-if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[2] then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[2], ARGV[1])
-  return 1
-end
-return 0
+# KEYS: leases, lease_owner, reaped   ARGV: id, owner   (1 given back, 0 not ours)
+LEASE_RELEASE = (
+    IS_HOLDER
+    + """
+if not is_holder(KEYS[2], KEYS[3], ARGV[1], ARGV[2]) then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+return 1
 """
+)
 
-# KEYS: pending, results, ready, leases, lease_owner, prompts, counters
+# KEYS: pending, lease_owner, prompts, reaped
+# ARGV: id, token, partial field, turns json, checkpoint field
+# The turns answered so far, for the lease holder of a pending sample only (1, else 0). The
+# checkpoint of the turn just answered is emptied with it: it is done, not to be continued.
+SAVE_PARTIAL = (
+    IS_HOLDER
+    + """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 0 end
+if not is_holder(KEYS[2], KEYS[4], ARGV[1], ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[3], ARGV[3], ARGV[4], ARGV[5], '')
+return 1
+"""
+)
+
+# KEYS: pending, results, ready, leases, lease_owner, prompts, counters, reaped
 # ARGV: id, record json, completion tokens, token, attempts field, partial field,
 #       checkpoint field
-# A sample's whole finish: 1 stored, 0 already finished, -1 refused: another worker holds the
-# lease (ours was lost). Our lease ends here in every case but the last.
-STORE_RESULT = """
-local owner = redis.call('HGET', KEYS[5], ARGV[1])
-if owner and owner ~= ARGV[4] then return -1 end
-local stored = redis.call('SREM', KEYS[1], ARGV[1])
-if owner then
-  redis.call('ZREM', KEYS[4], ARGV[1])
-  redis.call('HDEL', KEYS[5], ARGV[1])
+# A sample's whole finish: 1 stored, 0 already finished, -1 refused: the lease is not ours
+# (another worker holds it, or it was given back). Our lease ends here but in the last case.
+STORE_RESULT = (
+    IS_HOLDER
+    + """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
+  if redis.call('HGET', KEYS[5], ARGV[1]) == ARGV[4] then
+    redis.call('ZREM', KEYS[4], ARGV[1])
+    redis.call('HDEL', KEYS[5], ARGV[1])
+  end
+  return 0
 end
-if stored == 0 then return 0 end
+if not is_holder(KEYS[5], KEYS[8], ARGV[1], ARGV[4]) then return -1 end
+redis.call('SREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
+redis.call('HDEL', KEYS[8], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('RPUSH', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[6], ARGV[1], ARGV[5], ARGV[6], ARGV[7])
 redis.call('HINCRBY', KEYS[7], 'completion_tokens', tonumber(ARGV[3]))
 return 1
 """
+)
 
-# KEYS: pending, failed, leases, lease_owner, counters, prompts
+# KEYS: pending, failed, leases, lease_owner, counters, prompts, reaped
 # ARGV: id, failure json, kind, token, checkpoint field
-# Refused (-1) while another worker holds the sample's lease: it may yet succeed. The prompt
-# and answered turns stay (``requeue failed`` runs the sample again); the checkpoint goes: the
-# failure may be the continuation itself (a server refusing the token-id prompt).
-STORE_FAILURE = """
-local owner = redis.call('HGET', KEYS[4], ARGV[1])
-if owner and owner ~= ARGV[4] then return -1 end
-if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+# For the lease holder only (-1 otherwise: another worker may yet succeed); 0 already
+# finished. The prompt and answered turns stay (``requeue failed`` runs the sample again); the
+# checkpoint goes: the failure may be the continuation itself (a server refusing the token-id
+# prompt).
+STORE_FAILURE = (
+    IS_HOLDER
+    + """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 0 end
+if not is_holder(KEYS[4], KEYS[7], ARGV[1], ARGV[4]) then return -1 end
+redis.call('SREM', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[7], ARGV[1])
 redis.call('HDEL', KEYS[6], ARGV[5])
 redis.call('HINCRBY', KEYS[5], 'failed:' .. ARGV[3], 1)
 return 1
 """
+)
 
 # KEYS: failed, pending, prompts   ARGV: max ids, attempts suffix, checkpoint suffix
 # Returns the ids moved back to pending; their attempts count from zero again, their answered
@@ -205,28 +276,69 @@ redis.call('HINCRBY', KEYS[4], 'written', deleted)
 return deleted
 """
 
-# KEYS: retired, pending, results, ready, collecting, failed, then every other key of the run
+# KEYS: retired, pending, results, ready, collecting, failed, producers, collector lock,
+#       accepted, counters, then every other key of the run
 # ARGV: summary json, force (1: retire whatever is left)
-# 1 retired; 0 refused (work not finished or not on disk); -1 already retired. UNLINK: a
-# million-member set is freed in the background, not while Redis blocks.
-RETIRE_RUN = """
+# 1 retired; 0 refused (work not finished or not on disk); -2 refused: a producer is feeding
+# the run; -3 refused: a collector holds its lock; -1 already retired. Once the summary is set,
+# every write to the run is refused (accept, take, store, counters, the collector's lock), so
+# nothing lands after it, even forced. UNLINK: a million-member set is freed in the
+# background, not while Redis blocks.
+RETIRE_RUN = (
+    NOW_MS
+    + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
-if ARGV[2] ~= '1' and (redis.call('SCARD', KEYS[2]) + redis.call('HLEN', KEYS[3])
-    + redis.call('LLEN', KEYS[4]) + redis.call('LLEN', KEYS[5])
-    + redis.call('HLEN', KEYS[6])) > 0 then
-  return 0
+if ARGV[2] ~= '1' then
+  if redis.call('ZCOUNT', KEYS[7], '(' .. now, '+inf') > 0 then return -2 end
+  if redis.call('EXISTS', KEYS[8]) == 1 then return -3 end
+  if (redis.call('SCARD', KEYS[2]) + redis.call('HLEN', KEYS[3])
+      + redis.call('LLEN', KEYS[4]) + redis.call('LLEN', KEYS[5])
+      + redis.call('HLEN', KEYS[6])) > 0 then
+    return 0
+  end
 end
+-- The figures are read here, in the same step as the keys go: they are what is on disk.
+local summary = cjson.decode(ARGV[1])
+summary.total = redis.call('SCARD', KEYS[9])
+summary.written = tonumber(redis.call('HGET', KEYS[10], 'written') or '0')
+summary.failed = redis.call('HLEN', KEYS[6])
+summary.unfinished = summary.total - summary.written - summary.failed
+summary.completion_tokens = tonumber(redis.call('HGET', KEYS[10], 'completion_tokens') or '0')
 for i = 2, #KEYS do redis.call('UNLINK', KEYS[i]) end
-redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[1], cjson.encode(summary))
 return 1
 """
+)
 
-# KEYS: leases, lease_owner   returns the ids whose lease expired (their holder is gone)
+# KEYS: lock, retired   ARGV: token, ttl_ms
+# The collector's lock: taken if free, extended if ours (1), 0 held by another, -1 the run is
+# retired (a collector left following it must not bring its keys back).
+COLLECTOR_LOCK = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+  return 1
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', tonumber(ARGV[2])) then return 1 end
+return 0
+"""
+
+# KEYS: lock   ARGV: token   (released only by its holder)
+COLLECTOR_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# KEYS: leases, lease_owner, reaped   returns the ids whose lease expired (their holder is
+# gone, or paused). The holder's token is noted in ``reaped``: if it was only paused, its
+# renewal takes the lease back while no one else has (LEASE_RENEW).
 REAP_EXPIRED = (
     NOW_MS
     + """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 for i = 1, #ids do
+  local owner = redis.call('HGET', KEYS[2], ids[i])
+  if owner then redis.call('HSET', KEYS[3], ids[i], owner) end
   redis.call('ZREM', KEYS[1], ids[i])
   redis.call('HDEL', KEYS[2], ids[i])
 end
@@ -394,4 +506,38 @@ if wait > 0 and ARGV[4] ~= '1' then return tostring(wait) end
 local new = math.max(base + cost * interval, now)
 redis.call('SET', KEYS[1], tostring(new), 'PX', math.ceil(new - now + burst) + 1000)
 return '0'
+"""
+
+# -- a run's model (common/store/model_pin.py) -----------------------------------------------
+
+# KEYS: meta, retired, refused endpoints   ARGV: model, endpoint, reason
+# One model per run: the first model asked for is pinned in the run's meta (HSETNX: two
+# workers racing on two servers pin one). Returns the pinned model; an endpoint serving
+# another one is noted as refused for the run, with ``reason``. '' on a retired run.
+PIN_MODEL = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return '' end
+redis.call('HSETNX', KEYS[1], 'model', ARGV[1])
+local pinned = redis.call('HGET', KEYS[1], 'model')
+if pinned ~= ARGV[1] then redis.call('HSET', KEYS[3], ARGV[2], ARGV[3]) end
+return pinned
+"""
+
+# -- worker bookkeeping (worker/clock_watch.py) ----------------------------------------------
+
+# KEYS: clocks   ARGV: max age s   drops readings older than that (by Redis's clock): a worker
+# that died without a clean stop (OOM kill, lost node) leaves one behind. Returns how many.
+PRUNE_CLOCKS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local all = redis.call('HGETALL', KEYS[1])
+local dropped = 0
+for i = 1, #all, 2 do
+  local ok, reading = pcall(cjson.decode, all[i + 1])
+  local at = ok and type(reading) == 'table' and tonumber(reading.at) or 0
+  if at < now - tonumber(ARGV[1]) then
+    redis.call('HDEL', KEYS[1], all[i])
+    dropped = dropped + 1
+  end
+end
+return dropped
 """

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 
+import redis
+
+from common.errors import RunRetired
 from common.ids import sample_id
 from common.models import GenParams, Sample, SourceRef
-from common.store import RunStore
+from common.store import ProducerStore
 from producer.formats import InvalidRow, detect_format, to_prompt
 from producer.readers import RawRow, SourceInfo
 
@@ -40,7 +45,7 @@ class EnqueueCounts:
 class Feeder:
     """Turns rows into accepted samples and published tasks."""
 
-    store: RunStore
+    store: ProducerStore
     params: GenParams
     info: SourceInfo
     publish: Callable[[list[str]], object]
@@ -50,14 +55,20 @@ class Feeder:
     on_progress: Callable[[EnqueueCounts], None] = lambda counts: None
     wait: Callable[[float], None] = time.sleep
     counts: EnqueueCounts = field(default_factory=EnqueueCounts)
+    # Names this producer's heartbeat in the run (``runs retire`` waits while one is live).
+    producer: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     _seen: set[str] = field(default_factory=set)
 
     def run(self, rows: Iterable[RawRow], limit: int | None = None) -> EnqueueCounts:
         """Feed every row (the first ``limit``), blocking while the run has too much pending."""
         self.counts.format = None if self.fmt == "auto" else self.fmt
-        for batch in _batches(islice(rows, limit), min(BATCH, self.max_pending)):
-            self._feed(batch)
-            self.on_progress(self.counts)
+        try:
+            for batch in _batches(islice(rows, limit), min(BATCH, self.max_pending)):
+                self._feed(batch)
+                self.on_progress(self.counts)
+        finally:
+            with contextlib.suppress(redis.RedisError, RunRetired):
+                self.store.beat(self.producer, alive=False)
         return self.counts
 
     def _feed(self, rows: list[RawRow]) -> None:
@@ -66,7 +77,7 @@ class Feeder:
         fresh = [s for s, seen in zip(samples, known, strict=True) if not seen]
         self.counts.present += len(samples) - len(fresh)
         self._wait_for_room(len(fresh))
-        accepted = self.store.accept(fresh)
+        accepted = self.store.accept(fresh, self.producer)
         new_ids = [s.id for s, ok in zip(fresh, accepted, strict=True) if ok]
         self.counts.present += len(fresh) - len(new_ids)  # raced with another producer
         if new_ids:
@@ -111,6 +122,7 @@ class Feeder:
     def _wait_for_room(self, wanted: int) -> None:
         # Backpressure: a million-row source must not sit in Redis at once.
         while wanted and self.store.pending_count() + wanted > self.max_pending:
+            self.store.beat(self.producer)  # waiting for room is still feeding the run
             self.wait(0.5)
 
 

@@ -24,7 +24,7 @@ from common.logs import secrets_of
 from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
 from common.redact import redact
 from common.settings import Settings
-from common.store import RunStore, Taken
+from common.store import Taken, WorkerStore
 from worker.checkpoints import TurnCheckpoints
 from worker.client import Messages
 from worker.generate import answer_turns, build_record
@@ -39,6 +39,12 @@ Check = Callable[[], None]
 class TurnClient(Protocol):
     """What a borrowed endpoint client does: one assistant turn."""
 
+    endpoint: str
+
+    def model(self) -> str:
+        """The model this client asks its server for."""
+        ...
+
     def complete(
         self, messages: Messages, params: GenParams, check: Check | None = None, *,
         turn: int = 0, resume: Checkpoint | None = None, progress: TurnCheckpoints | None = None,
@@ -51,9 +57,11 @@ class Endpoints(Protocol):
     """Where requests go: a client for one request at a time, under the cluster-wide caps."""
 
     def borrow(
-        self, check: Check | None = None, hint: RouteHint | None = None
-    ) -> AbstractContextManager[TurnClient]:
-        """A client of the endpoint chosen for one request (``hint``: where its prefix is)."""
+        self, check: Check | None = None, hint: RouteHint | None = None,
+        avoid: frozenset[str] = frozenset(),
+    ) -> AbstractContextManager[TurnClient]:  # fmt: skip
+        """A client of the endpoint chosen for one request (``hint``: where its prefix is),
+        never one of ``avoid``."""
         ...
 
 
@@ -77,11 +85,21 @@ def _keep_break_point(exc: errors.GenerationError, progress: TurnCheckpoints | N
         exc.tokens_streamed = max(exc.tokens_streamed - kept, 0)
 
 
+def is_final(exc: BaseException, retries: int, settings: Settings) -> bool:
+    """Whether ``exc`` ends the sample as failed on its ``retries``-th retry: a permanent
+    error, or a transient one with no retry left (a lost lease or a hand-back never)."""
+    if isinstance(exc, errors.HandedBack | errors.LeaseLost):
+        return False
+    if isinstance(exc, errors.PermanentError):
+        return True
+    return isinstance(exc, errors.TransientError) and retries >= settings.max_retries
+
+
 class SampleProcessor:
     """Takes a sample's lease, answers its turns, stores the record or the failure."""
 
     def __init__(
-        self, settings: Settings, store: Callable[[str], RunStore], endpoints: Endpoints,
+        self, settings: Settings, store: Callable[[str], WorkerStore], endpoints: Endpoints,
         leases: LeaseKeeper, observer: Observer,
     ) -> None:  # fmt: skip
         self.settings = settings
@@ -91,6 +109,8 @@ class SampleProcessor:
         self.observer = observer
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._params: dict[str, GenParams] = {}
+        self._serving: set[tuple[str, str]] = set()  # (run, endpoint) found on the run's model
+        self._refused: dict[str, frozenset[str]] = {}  # run -> endpoints on another model
         self._drain_deadline: float | None = None
 
     def begin_drain(self) -> None:
@@ -124,7 +144,7 @@ class SampleProcessor:
         finally:
             self.leases.drop(run, sample_id)
 
-    def _under_lease(self, store: RunStore, sample_id: str, retries: int) -> str:
+    def _under_lease(self, store: WorkerStore, sample_id: str, retries: int) -> str:
         token = f"{self.owner}:{uuid.uuid4().hex[:8]}"
         taken = store.take(sample_id, token, self.settings.lease_ttl, retries)
         if taken.outcome != "ok":
@@ -133,33 +153,39 @@ class SampleProcessor:
         cancelled = self.leases.hold(store.run, sample_id, token)
         try:
             return self._generate(store, sample_id, taken, token, cancelled)
+        except errors.GenerationError as exc:
+            # Still under the lease (it is renewed until ``process`` returns): a final failure
+            # is stored by its holder, fenced like every other write; else it is given back.
+            if is_final(exc, retries, self.settings):
+                self._fail(store, sample_id, token, exc, taken.attempts)
+            else:
+                store.release(sample_id, token)
+            raise
         except BaseException:
             # Storing the result ends the lease; any other way out gives it back here.
             store.release(sample_id, token)
             raise
 
-    def fail(self, run: str, sample_id: str, exc: errors.GenerationError) -> None:
-        """Record a sample as failed, with the error's class and message.
-
-        Refused while another worker holds the sample's lease: that one may yet succeed.
-        """
-        store = self.store(run)
+    def _fail(
+        self, store: WorkerStore, sample_id: str, token: str, exc: errors.GenerationError,
+        attempts: int,
+    ) -> None:  # fmt: skip
+        """Record the sample as failed, with the error's class and message, under our lease
+        (refused if it is not ours: another worker may yet succeed)."""
         # The reason is kept in Redis and shown by `status`; a server may quote the key back.
         message = redact(str(exc), secrets_of(self.settings))[:1000]
-        failure = Failure(
-            kind=exc.kind, message=message, attempts=store.attempts(sample_id), at=time.time()
-        )
-        if store.store_failure(sample_id, failure) == "lease_lost":
-            log.info("not failing %s/%s: another worker is generating it", run, sample_id)
+        failure = Failure(kind=exc.kind, message=message, attempts=attempts, at=time.time())
+        if store.store_failure(sample_id, failure, token) == "lease_lost":
+            log.info("not failing %s/%s: the lease is not ours any more", store.run, sample_id)
             return
-        log.warning("failed %s/%s: %s", run, sample_id, failure.message)
+        log.warning("failed %s/%s: %s", store.run, sample_id, failure.message)
 
     def count_retry(self, run: str) -> None:
         """A transient failure will be retried after its backoff."""
         self.store(run).incr("retries")
 
     def _generate(
-        self, store: RunStore, sample_id: str, taken: Taken, token: str,
+        self, store: WorkerStore, sample_id: str, taken: Taken, token: str,
         cancelled: threading.Event,
     ) -> str:  # fmt: skip
         if taken.sample is None:
@@ -169,17 +195,17 @@ class SampleProcessor:
         call = self._caller(store, taken, token, params, self._checker(sample_id, cancelled))
         turns = answer_turns(
             sample, params, taken.partial, call=call,
-            save=lambda done: store.save_partial(sample_id, done),
+            save=lambda done: store.save_partial(sample_id, token, done),
         )  # fmt: skip
         return self._finish(store, sample, params, turns, token, taken.attempts)
 
     def _caller(
-        self, store: RunStore, taken: Taken, token: str, params: GenParams, check: Check
+        self, store: WorkerStore, taken: Taken, token: str, params: GenParams, check: Check
     ) -> Callable[[Messages], TurnResult]:
         """Generates the sample's turns one by one: the first continues the taken checkpoint
         (EAGLEGEN_RESUME=auto), each saves checkpoints under ``token``, each keeps affinity."""
         assert taken.sample is not None
-        sample_id, answered = taken.sample.id, taken.partial
+        sample_id, answered = taken.sample.id, list(taken.partial)
         hint = hint_for(taken.sample, params, answered)  # the saved progress keeps the affinity
         resuming = self.settings.resume == "auto"
         resume = taken.resume_point() if resuming else None
@@ -191,10 +217,11 @@ class SampleProcessor:
             nonlocal hint, resume, index
             progress = None
             if resuming:
-                progress = TurnCheckpoints(store, sample_id, token, self.settings, resume)
+                progress = TurnCheckpoints(store, sample_id, token, self.settings, resume, answered)
             turn = Turn(index, resume, progress)
-            result = self._call(store.run, messages, params, check, hint, turn)
+            result = self._call(store, messages, params, check, hint, turn)
             hint, resume, index = hint.after(result.endpoint), None, index + 1
+            answered.append(result)
             return result
 
         return call
@@ -209,24 +236,46 @@ class SampleProcessor:
         return check
 
     def _call(
-        self, run: str, messages: Messages, params: GenParams, check: Check, hint: RouteHint,
-        turn: Turn,
+        self, store: WorkerStore, messages: Messages, params: GenParams, check: Check,
+        hint: RouteHint, turn: Turn,
     ) -> TurnResult:  # fmt: skip
         try:
-            with self.endpoints.borrow(check, hint) as client:
-                result = client.complete(
-                    messages, params, check, turn=turn.index, resume=turn.resume,
-                    progress=turn.progress,
-                )  # fmt: skip
+            result = None
+            while result is None:  # again on another endpoint if this one's model is wrong
+                avoid = self._refused.get(store.run, frozenset())
+                with self.endpoints.borrow(check, hint, avoid) as client:
+                    if self._serves(store, client):
+                        result = client.complete(
+                            messages, params, check, turn=turn.index, resume=turn.resume,
+                            progress=turn.progress,
+                        )  # fmt: skip
         except errors.GenerationError as exc:
             _keep_break_point(exc, turn.progress)
-            self.observer.error(run, exc)
+            self.observer.error(store.run, exc)
             raise
-        self.observer.turn(run, result)
+        self.observer.turn(store.run, result)
         return result
 
+    def _serves(self, store: WorkerStore, client: TurnClient) -> bool:
+        """Whether ``client``'s model is the run's (pinning it on the run's first request);
+        an endpoint serving another model is refused for this run, and noted for status."""
+        where = (store.run, client.endpoint)
+        if where in self._serving:
+            return True
+        model = client.model()
+        pinned = store.pin_model(model, client.endpoint)
+        if pinned == model:
+            self._serving.add(where)
+            return True
+        self._refused[store.run] = self._refused.get(store.run, frozenset()) | {client.endpoint}
+        log.warning(
+            "endpoint %s refused for run %s: it serves %r, the run's model is %r (one model "
+            "per run; it may serve other runs)", client.endpoint, store.run, model, pinned,
+        )  # fmt: skip
+        return False
+
     def _finish(
-        self, store: RunStore, sample: Sample, params: GenParams, turns: list[TurnResult],
+        self, store: WorkerStore, sample: Sample, params: GenParams, turns: list[TurnResult],
         token: str, attempts: int,
     ) -> str:  # fmt: skip
         record = build_record(store.run, sample, params, turns, attempts)
@@ -240,7 +289,9 @@ class SampleProcessor:
         )  # fmt: skip
         return "done" if outcome == "stored" else outcome
 
-    def _store(self, store: RunStore, sample_id: str, record: str, tokens: int, token: str) -> str:
+    def _store(
+        self, store: WorkerStore, sample_id: str, record: str, tokens: int, token: str
+    ) -> str:
         # A finished answer is worth minutes of GPU time: a Redis blip at this point is waited
         # out (the lease is still renewed meanwhile) rather than answered by regenerating.
         deadline = time.monotonic() + self.settings.store_retry_s
