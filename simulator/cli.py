@@ -103,6 +103,14 @@ def simulate(
         int, Opt(help="Tokens sent before a mid-stream fault (0: a random cut point).")
     ] = _DEFAULTS.cut_at,
     seed: Annotated[int, Opt(help="Seed of the fault draws.")] = _DEFAULTS.seed,
+    vary_answers: Annotated[
+        bool,
+        Opt(
+            "--vary-answers",
+            help="Chat requests at temperature > 0 each draw an answer of their own (as a "
+            "real server samples); at 0 the prompt's answer stays the same.",
+        ),
+    ] = _DEFAULTS.vary_answers,
     log_path: Annotated[
         Path | None, Opt("--log", "--log-path", help="JSONL file, one line per generation end.")
     ] = _DEFAULTS.log_path,
@@ -135,6 +143,7 @@ def simulate(
             disconnect_first=disconnect_first,
             cut_at=cut_at,
             seed=seed,
+            vary_answers=vary_answers,
             log_path=log_path,
         )
     except ValidationError as exc:

@@ -39,6 +39,7 @@ class SimConfig(BaseModel):
     disconnect_first: int = Field(default=0, ge=0)
     cut_at: int = Field(default=0, ge=0)  # tokens sent before a mid-stream fault; 0 = random
     seed: int = 0
+    vary_answers: bool = False  # chat requests at temperature > 0 each draw their own answer
     log_path: Path | None = None  # JSONL, one line per generation end
 
     @model_validator(mode="after")
