@@ -43,6 +43,9 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
         # Turns continued from a checkpoint, and the tokens they did not generate again.
         "resumed_turns": snap.resumed_turns,
         "resumed_tokens": snap.resumed_tokens,
+        # Checkpoints dropped because the server was not proven to continue them (their
+        # tokens are in wasted_tokens: the turns started again rather than be corrupted).
+        "discarded_checkpoints": snap.discarded_checkpoints,
     }
     data["endpoints"] = _endpoints(store, settings, snap.endpoints)
     data["clocks_off"] = _clocks_off(store, settings)
@@ -146,6 +149,8 @@ def _main_table(d: dict[str, Any]) -> Group:
     dist.add_row("tokens kept / wasted", str(g["kept_tokens"]), str(g["wasted_tokens"]))
     if g["resumed_turns"]:
         dist.add_row("turns / tokens resumed", str(g["resumed_turns"]), str(g["resumed_tokens"]))
+    if g["discarded_checkpoints"]:
+        dist.add_row("checkpoints not continuable", str(g["discarded_checkpoints"]), "")
     outer = Table.grid(padding=(0, 4))
     outer.add_row(rates, dist)
     return Group(t, outer)
