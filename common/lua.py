@@ -541,3 +541,21 @@ for i = 1, #all, 2 do
 end
 return dropped
 """
+
+# -- a run's statistics (common/stats.py) ----------------------------------------------------
+
+# KEYS: retired, then the hashes written   ARGV: groups of (op, key index, field, value):
+# op 'i' HINCRBY, 'f' HINCRBYFLOAT, 's' HSET, 'e' EXPIRE (value in seconds; field unused).
+# A batch of statistics, unless the run is retired (0): a worker flushing after the retire
+# must not bring the run's keys back.
+STATS_WRITE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+for i = 1, #ARGV, 4 do
+  local op, key, name, value = ARGV[i], KEYS[tonumber(ARGV[i + 1])], ARGV[i + 2], ARGV[i + 3]
+  if op == 'i' then redis.call('HINCRBY', key, name, value)
+  elseif op == 'f' then redis.call('HINCRBYFLOAT', key, name, value)
+  elseif op == 's' then redis.call('HSET', key, name, value)
+  else redis.call('EXPIRE', key, tonumber(value)) end
+end
+return 1
+"""
