@@ -135,10 +135,8 @@ def test_a_second_message_for_a_sample_this_process_generates_is_acked_without_a
     assert proc.process("r", "a") == "done"
 
 
-def test_a_result_whose_lease_another_worker_took_is_refused_and_counted_wasted():
-    store = FakeStore()
-    store.add(sample("a"))
-    proc, _, observer, _ = _processor(store, turn())
+def _lose_lease_after_take(store: FakeStore) -> None:
+    """Every lease taken expires at once and another worker takes the sample over."""
     real_take = store.take
 
     def take_then_lose(sample_id, owner, ttl_s, retries=0):
@@ -147,6 +145,13 @@ def test_a_result_whose_lease_another_worker_took_is_refused_and_counted_wasted(
         return taken
 
     store.take = take_then_lose
+
+
+def test_a_result_whose_lease_another_worker_took_is_refused_and_counted_wasted():
+    store = FakeStore()
+    store.add(sample("a"))
+    proc, _, observer, _ = _processor(store, turn())
+    _lose_lease_after_take(store)
     assert proc.process("r", "a") == "lease_lost"
     assert "a" in store.pending and observer.events[-1] == ("finished", (7, False))
 
@@ -155,14 +160,7 @@ def test_a_failure_is_not_stored_once_another_worker_holds_the_lease():
     store = FakeStore()
     store.add(sample("a"))
     proc, _, _, _ = _processor(store, errors.BadRequest("400"))
-    real_take = store.take
-
-    def take_then_lose(sample_id, owner, ttl_s, retries=0):
-        taken = real_take(sample_id, owner, ttl_s, retries)
-        store.leases[sample_id] = "someone-else"  # ours expired mid-generation
-        return taken
-
-    store.take = take_then_lose
+    _lose_lease_after_take(store)
     with pytest.raises(errors.BadRequest):
         proc.process("r", "a")
     assert store.failed == {} and "a" in store.pending
