@@ -559,3 +559,16 @@ for i = 1, #ARGV, 4 do
 end
 return 1
 """
+
+# KEYS: meta, retired   ARGV: created_at, params json, queue ('' to leave it unset)
+# A run's metadata, set once: returns {stored params, stored queue} (the caller compares them
+# with its own), or -1 on a retired run (nothing written: a producer racing ``runs retire``
+# must not bring the run's keys back).
+ENSURE_RUN = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+redis.call('HSETNX', KEYS[1], 'created_at', ARGV[1])
+redis.call('HSETNX', KEYS[1], 'params', ARGV[2])
+if ARGV[3] ~= '' then redis.call('HSETNX', KEYS[1], 'queue', ARGV[3]) end
+local found = redis.call('HMGET', KEYS[1], 'params', 'queue')
+return {found[1], found[2] or ''}
+"""

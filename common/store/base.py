@@ -13,6 +13,7 @@ import time
 import redis
 from redis.commands.core import Script
 
+from common import lua
 from common.errors import RunMismatch, RunRetired
 from common.keys import RunKeys, retired_runs_key, runs_key
 from common.models import GenParams
@@ -39,33 +40,30 @@ class RunBase:
         return self._scripts[source]
 
     def ensure_params(self, params: GenParams, queue: str | None = None) -> None:
-        """Record the run's parameters and queue, or fail if the run exists with other ones."""
-        wanted = params.model_dump_json()
-        if (summary := self.retired_summary()) is not None:
-            raise RunRetired(retired_line(self.run, summary))
+        """Record the run's parameters and queue, or fail if the run exists with other ones
+        (or was retired)."""
+        k = self.keys
+        reply = self._script(lua.ENSURE_RUN)(
+            keys=[k.meta, k.retired],
+            args=[repr(time.time()), params.model_dump_json(), queue or ""],
+        )
+        if reply == -1:
+            summary = self.retired_summary()
+            raise RunRetired(retired_line(self.run, summary or {}))
         self.r.sadd(runs_key(self.prefix), self.run)
-        self.r.hsetnx(self.keys.meta, "created_at", repr(time.time()))
-        if queue is not None:
-            self._ensure_queue(queue)
-        if self.r.hsetnx(self.keys.meta, "params", wanted):
-            return
-        stored = GenParams.model_validate_json(str(self.r.hget(self.keys.meta, "params")))
-        if stored != params:
-            diff = _describe_diff(stored, params)
+        stored_params, stored_queue = GenParams.model_validate_json(reply[0]), str(reply[1])
+        if queue is not None and stored_queue != queue:
+            # A run is served by one queue's workers (and one endpoint set, one model): the
+            # reconciler re-publishes its lost samples only there.
+            raise RunMismatch(
+                f"run {self.run!r} is served by queue {stored_queue!r}, not {queue!r}; "
+                f"use EAGLEGEN_QUEUE={stored_queue} or a new --run"
+            )
+        if stored_params != params:
+            diff = _describe_diff(stored_params, params)
             raise RunMismatch(
                 f"run {self.run!r} was created with other parameters ({diff}); "
                 "use the same ones or a new --run"
-            )
-
-    def _ensure_queue(self, queue: str) -> None:
-        # A run is served by one queue's workers (and one endpoint set, one model): the
-        # reconciler re-publishes its lost samples only there.
-        if self.r.hsetnx(self.keys.meta, "queue", queue):
-            return
-        if (stored := self.queue()) != queue:
-            raise RunMismatch(
-                f"run {self.run!r} is served by queue {stored!r}, not {queue!r}; "
-                f"use EAGLEGEN_QUEUE={stored} or a new --run"
             )
 
     def queue(self) -> str | None:
@@ -104,10 +102,11 @@ def retired_runs(client: redis.Redis, prefix: str) -> list[str]:
 
 def retired_line(run: str, summary: dict[str, object]) -> str:
     """Why nothing can be added to a retired run, for the producer's error."""
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(str(summary["retired_at"]))))
+    stamp = float(str(summary.get("retired_at") or time.time()))
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp))
     return (
-        f"run {run!r} was retired on {when} ({summary['written']} samples written, "
-        f"{summary['failed']} failed); its ids are gone, so nothing can be added to it: "
+        f"run {run!r} was retired on {when} ({summary.get('written')} samples written, "
+        f"{summary.get('failed')} failed); its ids are gone, so nothing can be added to it: "
         "use a new --run"
     )
 

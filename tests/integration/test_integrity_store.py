@@ -11,7 +11,7 @@ import pytest
 
 from common import errors
 from common.keys import clocks_key, reconciler_lock_key
-from common.models import Checkpoint, Failure, Sample, SourceRef
+from common.models import Checkpoint, Failure, GenParams, Sample, SourceRef
 from common.store import RunStore
 from tests.fakes import turn
 from worker.clock_watch import STALE_S, read_clocks
@@ -168,6 +168,14 @@ def test_nothing_lands_in_a_retired_run(store):
     left = [k for k in store.r.scan_iter(match="eaglegen:{integrity}:*")]
     assert left == [store.keys.retired]
     assert store.retired_summary()["total"] == 2  # type: ignore[index]
+
+
+def test_a_producer_starting_on_a_retired_run_brings_none_of_its_keys_back(store):
+    store.ensure_params(GenParams(), "q")
+    assert store.retire(force=True) == "retired"
+    with pytest.raises(errors.RunRetired):
+        store.ensure_params(GenParams(), "q")
+    assert not store.r.exists(store.keys.meta)
 
 
 # -- bounded bookkeeping, one reconciler per queue -------------------------------------------
