@@ -10,7 +10,7 @@ from rich.table import Table
 
 from cli.shared import console, fail, load_settings, open_store, out
 from common.settings import Settings
-from worker.capacity import EndpointView, SlotTable
+from worker.endpoints.capacity import EndpointView, SlotTable
 
 endpoints_app = typer.Typer(
     help="Endpoints' requests in flight and caps across all workers; drain or undrain one.",

@@ -14,7 +14,7 @@ from common.keys import clocks_key, reconciler_lock_key
 from common.models import Checkpoint, Failure, GenParams, Sample, SourceRef
 from common.store import RunStore
 from tests.fakes import turn
-from worker.clock_watch import STALE_S, read_clocks
+from worker.pipeline.clock_watch import STALE_S, read_clocks
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from common import lua
 from common.clock import measure_skew
 from common.keys import clocks_key
 from common.settings import Settings
-from worker.ticker import Ticker
+from worker.pipeline.ticker import Ticker
 
 log = logging.getLogger("eaglegen.clock")
 EVERY_S = 15.0  # a reading's refresh: a live worker's is never older than this
