@@ -34,7 +34,7 @@ class RunBase:
         self._scripts: dict[str, Script] = {}
 
     def _script(self, source: str) -> Script:
-        """The registered handle of a script of common/lua.py (registered once per store)."""
+        """The registered handle of a script of common/lua/ (registered once per store)."""
         if source not in self._scripts:
             self._scripts[source] = self.r.register_script(source)
         return self._scripts[source]
