@@ -59,6 +59,10 @@ def enqueue(
     max_pending: Annotated[
         int | None, typer.Option(min=1, help="Most samples waiting at once (backpressure).")
     ] = None,
+    history: Annotated[
+        str,
+        typer.Option(help="Tool calls: on-policy (while the calls match) or original."),
+    ] = "on-policy",
 ) -> None:
     """Add a dataset's prompts to a run: each distinct prompt once, ever."""
     from cli.enqueue_cmd import run_enqueue
@@ -67,11 +71,14 @@ def enqueue(
         fail(f"--format must be auto, openai, sharegpt, turns or prompt, not {fmt!r}", 2)
     if turns not in ("all", "first"):
         fail(f"--turns must be all or first, not {turns!r}", 2)
+    if history not in ("on-policy", "original"):
+        fail(f"--history must be on-policy or original, not {history!r}", 2)
     settings = load_settings(run=run, max_pending=max_pending)
     kwargs = {"enable_thinking": thinking} if thinking is not None else None
     params = GenParams(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, turns=turns,  # type: ignore[arg-type]
         system=system, chat_template_kwargs=kwargs,
+        history="original" if history == "original" else None,
     )  # fmt: skip
     run_enqueue(settings, open_store(settings), source, params, fmt, split, subset, limit)
 

@@ -11,6 +11,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from common import tool_counts
 from common.clock import redis_time
 from common.settings import Settings
 from common.stats import Snapshot, eta_seconds, read_snapshot
@@ -48,6 +49,9 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
         "discarded_checkpoints": snap.discarded_checkpoints,
     }
     data["endpoints"] = _endpoints(store, settings, snap.endpoints)
+    tools = tool_counts.read(store.r, store.keys)
+    if tools is not None:  # conversations with tool calls: how many ended, and where
+        data["tool_calls"] = tools
     data["clocks_off"] = _clocks_off(store, settings)
     # One model per run: the pinned one, and the endpoints refused for serving another.
     data["model"] = store.pinned_model()
@@ -120,6 +124,15 @@ def render(data: dict[str, Any]) -> Group:
     bar.add_row(ProgressBar(total=total, completed=finished))
     tables: list[RenderableType] = [_main_table(data), _errors_table(data), _endpoint_table(data)]
     parts: list[RenderableType] = [head, bar, *tables]
+    tools = data.get("tool_calls")
+    if tools:
+        where = ", ".join(f"turn {t}: {n}" for t, n in tools["stopped_at_turn"].items())
+        parts.append(Text(
+            f"tool-call conversations {tools['conversations']}: kept whole {tools['kept_whole']},"
+            f" stopped at a call of another function {tools['stopped']}"
+            + (f" ({where})" if where else "")
+            + f"; calls with other arguments {tools['arguments_differ']}"
+        ))  # fmt: skip
     for name, skew in sorted(data.get("clocks_off", {}).items()):
         parts.append(Text(f"clock of worker {name} is {skew:+.1f} s from Redis's: run NTP",
                           style="yellow"))  # fmt: skip

@@ -10,7 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION = 1
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
+# A tool call in OpenAI's form: {"id", "type": "function", "function": {"name", "arguments"}},
+# ``arguments`` the exact string the model wrote.
+ToolCall = dict[str, Any]
 
 
 class GenParams(BaseModel):
@@ -24,12 +27,23 @@ class GenParams(BaseModel):
     turns: Literal["all", "first"] = "all"
     system: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Tool-calling conversations (docs/tools.md): None is "on-policy while the calls match";
+    # "original" answers each source assistant turn after the source's own history.
+    history: Literal["original"] | None = None
 
     # The one rule of which turns and which system prompt a run uses: the sample id (producer)
     # and the generated conversation (worker) both come from it, so they cannot diverge.
     def turns_of(self, user_turns: list[str]) -> list[str]:
         """The user turns a run answers: all of them, or only the first."""
         return user_turns[:1] if self.turns == "first" else list(user_turns)
+
+    def script_of(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A tool-calling sample's source messages a run follows: all, or up to the second
+        user message."""
+        if self.turns != "first":
+            return messages
+        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        return messages[: users[1]] if len(users) > 1 else messages
 
     def system_for(self, source_system: str | None) -> str | None:
         """The run's system prompt overrides the source's."""
@@ -52,6 +66,12 @@ class Sample(BaseModel):
     system: str | None = None
     user_turns: list[str]
     source: SourceRef
+    # A tool-calling conversation (docs/tools.md): its tools in OpenAI function-spec form, the
+    # row's tool_choice, and the source messages after the system prompt (user, assistant with
+    # their tool_calls, tool results), which its turns are regenerated along.
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    script: list[dict[str, Any]] | None = None
 
 
 class Usage(BaseModel):
@@ -89,10 +109,12 @@ class TurnResult(TurnStats):
 
     content: str
     reasoning: str | None = None
+    tool_calls: list[ToolCall] | None = None  # as streamed: ids, names, argument strings
 
     def stats(self) -> TurnStats:
         """The turn without its text."""
-        return TurnStats.model_validate(self.model_dump(exclude={"content", "reasoning"}))
+        text = {"content", "reasoning", "tool_calls"}
+        return TurnStats.model_validate(self.model_dump(exclude=text))
 
 
 class Checkpoint(BaseModel):
@@ -146,6 +168,9 @@ class Message(BaseModel):
     role: Role
     content: str
     reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None  # a tool result: the id of the call it answers
+    name: str | None = None  # a tool result: the function's name
 
 
 class Generation(BaseModel):
@@ -157,6 +182,10 @@ class Generation(BaseModel):
     attempts: int
     latency_s: float
     params: GenParams
+    # Why a conversation ended before its source did ("tool_call_mismatch"), at which turn.
+    stop_reason: str | None = None
+    stop_turn: int | None = None
+    tool_arguments_differ: int | None = None  # calls whose arguments differ from the source's
 
 
 class Record(BaseModel):
@@ -168,6 +197,7 @@ class Record(BaseModel):
     conversations: list[Message]
     source: SourceRef
     generation: Generation
+    tools: list[dict[str, Any]] | None = None  # OpenAI function specs, as sent
 
     model_config = ConfigDict(populate_by_name=True)
 

@@ -17,6 +17,7 @@ from common.models import GenParams, Sample, SourceRef
 from common.store import ProducerStore
 from producer.formats import InvalidRow, detect_format, to_prompt
 from producer.readers import RawRow, SourceInfo
+from producer.tools import tool_identity
 
 BATCH = 256
 
@@ -94,8 +95,9 @@ class Feeder:
             self._invalid(row.index, str(exc))
             return None
         sid = sample_id(
-            self.params.system_for(prompt.system), self.params.turns_of(prompt.user_turns)
-        )
+            self.params.system_for(prompt.system), self.params.turns_of(prompt.user_turns),
+            tool_identity(prompt.tools, self.params),
+        )  # fmt: skip
         if sid in self._seen:
             self.counts.duplicates += 1
             return None
@@ -104,7 +106,13 @@ class Feeder:
             dataset=self.info.dataset, split=self.info.split, row=row.index,
             format=self.counts.format or "?",
         )  # fmt: skip
-        return Sample(id=sid, system=prompt.system, user_turns=prompt.user_turns, source=source)
+        found = prompt.tools
+        if found is None:
+            return Sample(id=sid, system=prompt.system, user_turns=prompt.user_turns, source=source)
+        return Sample(
+            id=sid, system=prompt.system, user_turns=prompt.user_turns, source=source,
+            tools=found.tools, tool_choice=found.tool_choice, script=found.messages,
+        )  # fmt: skip
 
     def _format_of(self, data: dict[str, object]) -> str:
         # Auto-detection is per file: the first readable row decides, the rest must match.

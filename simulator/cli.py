@@ -119,6 +119,9 @@ def simulate(
             "real server samples); at 0 the prompt's answer stays the same.",
         ),
     ] = _DEFAULTS.vary_answers,
+    tool_mismatch_share: Annotated[
+        float, Opt(help="Share of tool-call answers that call another function than named.")
+    ] = _DEFAULTS.tool_mismatch_share,
     log_path: Annotated[
         Path | None, Opt("--log", "--log-path", help="JSONL file, one line per generation end.")
     ] = _DEFAULTS.log_path,
@@ -153,6 +156,7 @@ def simulate(
             ignore_continuations=ignore_continuations,
             seed=seed,
             vary_answers=vary_answers,
+            tool_mismatch_share=tool_mismatch_share,
             log_path=log_path,
         )
     except ValidationError as exc:

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import redis
 
@@ -332,15 +333,19 @@ class _MeteredClient(ChatClient):
     def complete(
         self, messages: Messages, params: GenParams, check: Check | None = None, *,
         turn: int = 0, resume: Checkpoint | None = None, progress: Progress | None = None,
+        fields: dict[str, Any] | None = None,
     ) -> TurnResult:  # fmt: skip
         """Generate one turn within the budget; an aborted stream pays what the server spent."""
         prompt = estimate_prompt_tokens(messages)
+        if fields:  # the tools' definitions are prompt tokens too
+            prompt += len(str(fields)) // 4
         reserved = self._limiter.reserve_tokens(prompt + params.max_tokens, check)
         used = reserved  # unknown (an abort of ours): the reservation stands
         try:
             result = super().complete(
-                messages, params, check, turn=turn, resume=resume, progress=progress
-            )
+                messages, params, check, turn=turn, resume=resume, progress=progress,
+                fields=fields,
+            )  # fmt: skip
             used = result.usage.prompt_tokens + result.usage.completion_tokens
             return result
         except errors.GenerationError as exc:

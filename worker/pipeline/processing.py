@@ -15,11 +15,11 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 
-from common import errors
+from common import errors, tool_counts
 from common.logs import secrets_of
 from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
 from common.redact import redact
@@ -31,6 +31,7 @@ from worker.endpoints.routing import RouteHint, hint_for
 from worker.pipeline.generate import answer_turns, build_record
 from worker.pipeline.leases import LeaseKeeper
 from worker.pipeline.observe import Observer
+from worker.pipeline.tool_turns import answer_tool_turns, build_tool_record, request_fields
 
 log = logging.getLogger("eaglegen.worker")
 
@@ -54,6 +55,7 @@ class Turn:
     index: int
     resume: Checkpoint | None = None
     progress: TurnCheckpoints | None = None  # None: EAGLEGEN_RESUME=off, no checkpoints
+    fields: dict[str, Any] | None = None  # the sample's tools, sent with every request
 
 
 def _keep_break_point(exc: errors.GenerationError, progress: TurnCheckpoints | None) -> None:
@@ -175,7 +177,8 @@ class SampleProcessor:
         sample = taken.sample
         params = self.params(store.run)
         call = self._caller(store, taken, token, params, self._checker(sample_id, cancelled))
-        turns = answer_turns(
+        answer = answer_turns if sample.script is None else answer_tool_turns
+        turns = answer(
             sample, params, taken.partial, call=call,
             save=lambda done: store.save_partial(sample_id, token, done),
         )  # fmt: skip
@@ -189,7 +192,10 @@ class SampleProcessor:
         assert taken.sample is not None
         sample_id, answered = taken.sample.id, list(taken.partial)
         hint = hint_for(taken.sample, params, answered)  # the saved progress keeps the affinity
-        resuming = self.settings.resume == "auto"
+        # A turn with tool calls is not continued from a checkpoint: the continuation of its
+        # ids on /v1/completions has no tool parser, so its calls would come back as text.
+        resuming = self.settings.resume == "auto" and taken.sample.tools is None
+        fields = request_fields(taken.sample)
         resume = taken.resume_point() if resuming else None
         if resume is not None:  # its prompt and partial answer are in that server's cache
             hint = hint.after(resume.endpoint)
@@ -200,7 +206,7 @@ class SampleProcessor:
             progress = None
             if resuming:
                 progress = TurnCheckpoints(store, sample_id, token, self.settings, resume, answered)
-            turn = Turn(index, resume, progress)
+            turn = Turn(index, resume, progress, fields)
             result = self._call(store, messages, params, check, hint, turn)
             hint, resume, index = hint.after(result.endpoint), None, index + 1
             answered.append(result)
@@ -229,7 +235,7 @@ class SampleProcessor:
                     if self._serves(store, client):
                         result = client.complete(
                             messages, params, check, turn=turn.index, resume=turn.resume,
-                            progress=turn.progress,
+                            progress=turn.progress, fields=turn.fields,
                         )  # fmt: skip
         except errors.GenerationError as exc:
             _keep_break_point(exc, turn.progress)
@@ -260,9 +266,12 @@ class SampleProcessor:
         self, store: WorkerStore, sample: Sample, params: GenParams, turns: list[TurnResult],
         token: str, attempts: int,
     ) -> str:  # fmt: skip
-        record = build_record(store.run, sample, params, turns, attempts)
+        build = build_record if sample.script is None else build_tool_record
+        record = build(store.run, sample, params, turns, attempts)
         tokens = sum(t.usage.completion_tokens for t in turns)
         outcome = self._store(store, sample.id, record.to_json(), tokens, token)
+        if outcome == "stored" and sample.script is not None:
+            tool_counts.count(store.r, store.keys, record)
         self.observer.finished(store.run, tokens, kept=outcome == "stored")
         log.debug(
             "sample run=%s id=%s outcome=%s turns=%d tokens=%d attempts=%d latency_s=%.2f",
