@@ -115,6 +115,18 @@ class NotFound(PermanentError):
     kind = "404"
 
 
+class InvalidParams(PermanentError, ConfigError):
+    """Generation parameters out of their allowed range (given, or stored with a run)."""
+
+    kind = "bad_params"
+
+
+class CircuitOpen(PermanentError):
+    """The run's samples all failed the same permanent way: not attempted until retried."""
+
+    kind = "circuit_open"
+
+
 class NoTokenIds(PermanentError):
     """Token ids were required (EAGLEGEN_TOKEN_IDS=on) and the server does not give them."""
 

@@ -24,6 +24,11 @@ def clocks_key(prefix: str) -> str:
     return f"{prefix}:clocks"
 
 
+def workers_key(prefix: str) -> str:
+    """Hash worker name -> its last heartbeat (JSON: queue, endpoints, in flight, when)."""
+    return f"{prefix}:workers"
+
+
 def reconciler_lock_key(prefix: str, queue: str) -> str:
     """Held by the one worker process running a reconciliation pass over ``queue``'s runs:
     each pass serves one queue, so each queue has its own lock (one pool cannot starve
@@ -82,6 +87,11 @@ class EndpointKeys:
         """GCRA state of the cluster-wide tokens/min limit."""
         return self._key("tpm")
 
+
+# Fields of ``RunKeys.counters`` beside those the store's scripts keep: turns cut at
+# max_tokens, and the later user turns those cuts left unanswered.
+CUT_TURNS = "cut_turns"
+DROPPED_TURNS = "dropped_turns"
 
 # Fields beside a sample's prompt in ``RunKeys.prompts`` (Lua scripts get them as arguments).
 ATTEMPTS_SUFFIX = "|attempts"

@@ -6,7 +6,9 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from common.sampling import SAMPLING, check_value
 
 SCHEMA_VERSION = 1
 
@@ -17,19 +19,36 @@ ToolCall = dict[str, Any]
 
 
 class GenParams(BaseModel):
-    """Sampling parameters, fixed for the life of a run."""
+    """Generation parameters, fixed for the life of a run (a retried sample may carry its own).
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    A sampling parameter left None is not sent: the server's generation config applies.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     max_tokens: int = Field(default=2048, ge=1)
-    temperature: float = Field(default=0.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
     turns: Literal["all", "first"] = "all"
     system: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     # Tool-calling conversations (docs/tools.md): None is "on-policy while the calls match";
     # "original" answers each source assistant turn after the source's own history.
     history: Literal["original"] | None = None
+
+    @field_validator(*SAMPLING, mode="before")
+    @classmethod
+    def _in_range(cls, value: Any, info: Any) -> Any:
+        return check_value(info.field_name, value)
+
+    def sampling(self) -> dict[str, float | int]:
+        """The sampling fields a request sends: only those set."""
+        return {name: v for name in SAMPLING if (v := getattr(self, name)) is not None}
 
     # The one rule of which turns and which system prompt a run uses: the sample id (producer)
     # and the generated conversation (worker) both come from it, so they cannot diverge.
@@ -72,6 +91,8 @@ class Sample(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     script: list[dict[str, Any]] | None = None
+    # Set by ``retry-failed`` with new parameters: this sample's, instead of the run's.
+    params: GenParams | None = None
 
 
 class Usage(BaseModel):

@@ -21,6 +21,7 @@ from worker.endpoints.adaptive import AdaptiveDriver
 from worker.endpoints.capacity import SlotTable
 from worker.endpoints.pool import EndpointPool, chat_client, rate_limiter
 from worker.pipeline.clock_watch import ClockWatch
+from worker.pipeline.heartbeat import Heartbeat
 from worker.pipeline.leases import LeaseKeeper
 from worker.pipeline.observe import Observer
 from worker.pipeline.processing import SampleProcessor
@@ -42,6 +43,7 @@ class WorkerParts:
         )
         self.reconciler = ReconcilerLoop(self.redis, settings, hand_back)
         self.clock = ClockWatch(self.redis, settings)
+        self.heartbeat = Heartbeat(self.redis, settings, self.leases.count)
         self.settings = settings
         self._endpoint_threads: list[threading.Thread] = []
         self._start_lock = threading.Lock()
@@ -73,9 +75,11 @@ class WorkerParts:
         self.observer.start()
         self.reconciler.start()
         self.clock.start()
+        self.heartbeat.start()
 
     def close(self) -> None:
         """Stop every thread, give back endpoint slots, close connections."""
+        self.heartbeat.close()
         self.clock.close()
         self.reconciler.close()
         self.observer.close()

@@ -17,6 +17,7 @@ from common import lua
 from common.errors import RunMismatch, RunRetired
 from common.keys import RunKeys, retired_runs_key, runs_key
 from common.models import GenParams
+from common.params import validated
 from common.redis_url import is_sentinel, sentinel_master_client
 
 # Explicit, whatever redis-py's default: no Redis command here may block for longer.
@@ -51,7 +52,7 @@ class RunBase:
             summary = self.retired_summary()
             raise RunRetired(retired_line(self.run, summary or {}))
         self.r.sadd(runs_key(self.prefix), self.run)
-        stored_params, stored_queue = GenParams.model_validate_json(reply[0]), str(reply[1])
+        stored_params, stored_queue = validated(GenParams, str(reply[0])), str(reply[1])
         if queue is not None and stored_queue != queue:
             # A run is served by one queue's workers (and one endpoint set, one model): the
             # reconciler re-publishes its lost samples only there.
@@ -74,7 +75,20 @@ class RunBase:
     def params(self) -> GenParams | None:
         """The run's parameters, if it exists."""
         raw = self.r.hget(self.keys.meta, "params")
-        return GenParams.model_validate_json(str(raw)) if raw else None
+        return validated(GenParams, str(raw)) if raw else None  # InvalidParams: one line
+
+    def meta_value(self, name: str) -> str | None:
+        """A field of the run's meta hash (the breaker's state, say)."""
+        raw = self.r.hget(self.keys.meta, name)
+        return str(raw) if raw else None
+
+    def set_meta_once(self, name: str, value: str) -> bool:
+        """Set a meta field unless it is set; True if this call set it."""
+        return bool(self.r.hsetnx(self.keys.meta, name, value))
+
+    def drop_meta(self, name: str) -> None:
+        """Remove a meta field."""
+        self.r.hdel(self.keys.meta, name)
 
     def pending_count(self) -> int:
         """Samples accepted and not yet finished."""

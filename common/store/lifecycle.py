@@ -9,6 +9,7 @@ from typing import Literal
 
 from common import lua
 from common.keys import ATTEMPTS_SUFFIX, CHECKPOINT_SUFFIX, retired_runs_key, runs_key
+from common.models import Sample
 from common.store.status import StatusStore
 
 RetireOutcome = Literal["retired", "unfinished", "producing", "collecting", "already"]
@@ -27,6 +28,18 @@ class LifecycleStore(StatusStore):
             keys=[k.failed, k.pending, k.prompts], args=[limit, ATTEMPTS_SUFFIX, CHECKPOINT_SUFFIX]
         )
         return [str(x) for x in moved]
+
+    def failed_samples(self, ids: list[str]) -> list[Sample | None]:
+        """The stored prompts of failed samples (None where none is kept)."""
+        if not ids:
+            return []
+        raw = self.r.hmget(self.keys.prompts, ids)
+        return [Sample.model_validate_json(v) if v else None for v in raw]
+
+    def replace_failed_samples(self, samples: list[Sample]) -> None:
+        """Store new versions of failed samples' prompts (their own parameters, say)."""
+        if samples:
+            self.r.hset(self.keys.prompts, mapping={s.id: s.model_dump_json() for s in samples})
 
     def retire(self, force: bool = False) -> RetireOutcome:
         """Remove the run's keys and keep a small summary, if every sample is written, no

@@ -95,6 +95,11 @@ class StatusStore(RunBase):
         raw = self.r.hgetall(self.keys.failed)
         return {str(i): Failure.model_validate_json(str(v)) for i, v in raw.items()}
 
+    def some_failures(self, count: int) -> list[Failure]:
+        """Up to ``count`` failures picked at random (HRANDFIELD: O(count), whatever the run)."""
+        flat = self.r.hrandfield(self.keys.failed, count, withvalues=True) or []
+        return [Failure.model_validate_json(str(v)) for v in flat[1::2]]
+
     def refused_endpoints(self) -> dict[str, str]:
         """Endpoints refused for the run (they serve another model) and why."""
         return {str(e): str(why) for e, why in self.r.hgetall(self.keys.refused_endpoints).items()}

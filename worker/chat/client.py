@@ -440,8 +440,7 @@ def completion_body(model: str, prompt: list[int], params: GenParams, max_tokens
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
+        **params.sampling(),  # unset: the server's generation config applies
         "stream": True,
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
@@ -456,8 +455,7 @@ def _chat_fields(
         "model": model,
         "messages": messages,
         "max_tokens": max_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
+        **params.sampling(),  # unset: the server's generation config applies
         "stream": True,
         "stream_options": {"include_usage": True},
     }

@@ -243,10 +243,12 @@ class EndpointPool:
         for url in self.clients:
             try:
                 self.clients[url].probe(self.settings.connect_timeout)
+                model = self.clients[url].model()
             except errors.GenerationError as exc:
                 self._found_down(url, exc)
                 continue
-            log.info("endpoint %s answers", url)
+            chosen = "EAGLEGEN_MODEL" if self.settings.model else "the first of its /v1/models"
+            log.info("endpoint %s answers; serving model %s (%s)", url, model, chosen)
             self._report(url, None)
 
     def _found_down(self, url: str, exc: errors.GenerationError) -> None:

@@ -20,14 +20,16 @@ from typing import Any, Protocol
 import redis
 
 from common import errors, tool_counts
+from common.keys import CUT_TURNS, DROPPED_TURNS
 from common.logs import secrets_of
 from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
 from common.redact import redact
 from common.settings import Settings
-from common.store import Taken, WorkerStore
+from common.store import RunStore, Taken
 from worker.chat.checkpoints import TurnCheckpoints
 from worker.chat.client import ChatClient, Check, Messages
 from worker.endpoints.routing import RouteHint, hint_for
+from worker.pipeline.breaker import Breaker
 from worker.pipeline.generate import answer_turns, build_record
 from worker.pipeline.leases import LeaseKeeper
 from worker.pipeline.observe import Observer
@@ -83,7 +85,7 @@ class SampleProcessor:
     """Takes a sample's lease, answers its turns, stores the record or the failure."""
 
     def __init__(
-        self, settings: Settings, store: Callable[[str], WorkerStore], endpoints: Endpoints,
+        self, settings: Settings, store: Callable[[str], RunStore], endpoints: Endpoints,
         leases: LeaseKeeper, observer: Observer,
     ) -> None:  # fmt: skip
         self.settings = settings
@@ -95,6 +97,7 @@ class SampleProcessor:
         self._params: dict[str, GenParams] = {}
         self._serving: set[tuple[str, str]] = set()  # (run, endpoint) found on the run's model
         self._refused: dict[str, frozenset[str]] = {}  # run -> endpoints on another model
+        self.breaker = Breaker()
         self._drain_deadline: float | None = None
 
     def begin_drain(self) -> None:
@@ -128,7 +131,7 @@ class SampleProcessor:
         finally:
             self.leases.drop(run, sample_id)
 
-    def _under_lease(self, store: WorkerStore, sample_id: str, retries: int) -> str:
+    def _under_lease(self, store: RunStore, sample_id: str, retries: int) -> str:
         token = f"{self.owner}:{uuid.uuid4().hex[:8]}"
         taken = store.take(sample_id, token, self.settings.lease_ttl, retries)
         if taken.outcome != "ok":
@@ -136,6 +139,8 @@ class SampleProcessor:
             return f"skipped:{taken.outcome}"
         cancelled = self.leases.hold(store.run, sample_id, token)
         try:
+            # Under the lease: an open breaker fails the sample at once, stored by its holder.
+            self.breaker.check(store)
             return self._generate(store, sample_id, taken, token, cancelled)
         except errors.GenerationError as exc:
             # Still under the lease (it is renewed until ``process`` returns): a final failure
@@ -151,7 +156,7 @@ class SampleProcessor:
             raise
 
     def _fail(
-        self, store: WorkerStore, sample_id: str, token: str, exc: errors.GenerationError,
+        self, store: RunStore, sample_id: str, token: str, exc: errors.GenerationError,
         attempts: int,
     ) -> None:  # fmt: skip
         """Record the sample as failed, with the error's class and message, under our lease
@@ -163,19 +168,20 @@ class SampleProcessor:
             log.info("not failing %s/%s: the lease is not ours any more", store.run, sample_id)
             return
         log.warning("failed %s/%s: %s", store.run, sample_id, failure.message)
+        self.breaker.failed(store, failure)
 
     def count_retry(self, run: str) -> None:
         """A transient failure will be retried after its backoff."""
         self.store(run).incr("retries")
 
     def _generate(
-        self, store: WorkerStore, sample_id: str, taken: Taken, token: str,
+        self, store: RunStore, sample_id: str, taken: Taken, token: str,
         cancelled: threading.Event,
     ) -> str:  # fmt: skip
         if taken.sample is None:
             raise errors.PermanentError(f"sample {sample_id} has no stored prompt")
         sample = taken.sample
-        params = self.params(store.run)
+        params = sample.params or self.params(store.run)  # retry-failed may have set its own
         call = self._caller(store, taken, token, params, self._checker(sample_id, cancelled))
         answer = answer_turns if sample.script is None else answer_tool_turns
         turns = answer(
@@ -185,7 +191,7 @@ class SampleProcessor:
         return self._finish(store, sample, params, turns, token, taken.attempts)
 
     def _caller(
-        self, store: WorkerStore, taken: Taken, token: str, params: GenParams, check: Check
+        self, store: RunStore, taken: Taken, token: str, params: GenParams, check: Check
     ) -> Callable[[Messages], TurnResult]:
         """Generates the sample's turns one by one: the first continues the taken checkpoint
         (EAGLEGEN_RESUME=auto), each saves checkpoints under ``token``, each keeps affinity."""
@@ -224,7 +230,7 @@ class SampleProcessor:
         return check
 
     def _call(
-        self, store: WorkerStore, messages: Messages, params: GenParams, check: Check,
+        self, store: RunStore, messages: Messages, params: GenParams, check: Check,
         hint: RouteHint, turn: Turn,
     ) -> TurnResult:  # fmt: skip
         try:
@@ -244,7 +250,7 @@ class SampleProcessor:
         self.observer.turn(store.run, result)
         return result
 
-    def _serves(self, store: WorkerStore, client: ChatClient) -> bool:
+    def _serves(self, store: RunStore, client: ChatClient) -> bool:
         """Whether ``client``'s model is the run's (pinning it on the run's first request);
         an endpoint serving another model is refused for this run, and noted for status."""
         where = (store.run, client.endpoint)
@@ -263,7 +269,7 @@ class SampleProcessor:
         return False
 
     def _finish(
-        self, store: WorkerStore, sample: Sample, params: GenParams, turns: list[TurnResult],
+        self, store: RunStore, sample: Sample, params: GenParams, turns: list[TurnResult],
         token: str, attempts: int,
     ) -> str:  # fmt: skip
         build = build_record if sample.script is None else build_tool_record
@@ -273,6 +279,8 @@ class SampleProcessor:
         if outcome == "stored" and sample.script is not None:
             tool_counts.count(store.r, store.keys, record)
         self.observer.finished(store.run, tokens, kept=outcome == "stored")
+        if outcome == "stored":
+            _count_cut(store, params, sample, turns)
         log.debug(
             "sample run=%s id=%s outcome=%s turns=%d tokens=%d attempts=%d latency_s=%.2f",
             store.run, sample.id, outcome, len(turns), tokens, attempts,
@@ -280,9 +288,7 @@ class SampleProcessor:
         )  # fmt: skip
         return "done" if outcome == "stored" else outcome
 
-    def _store(
-        self, store: WorkerStore, sample_id: str, record: str, tokens: int, token: str
-    ) -> str:
+    def _store(self, store: RunStore, sample_id: str, record: str, tokens: int, token: str) -> str:
         # A finished answer is worth minutes of GPU time: a Redis blip at this point is waited
         # out (the lease is still renewed meanwhile) rather than answered by regenerating.
         deadline = time.monotonic() + self.settings.store_retry_s
@@ -296,3 +302,14 @@ class SampleProcessor:
                 log.warning("storing %s/%s failed (%s); trying again", store.run, sample_id, exc)
                 time.sleep(pause)
                 pause = min(pause * 2, 5.0)
+
+
+def _count_cut(store: RunStore, params: GenParams, sample: Sample, turns: list[TurnResult]) -> None:
+    """Turns cut at max_tokens, and the later user turns they left unanswered (a cut turn
+    ends its conversation): counted for ``status``, only for samples that have them."""
+    cut = sum(1 for t in turns if t.finish_reason == "length")
+    dropped = max(len(params.turns_of(sample.user_turns)) - len(turns), 0) if cut else 0
+    if cut:
+        store.incr(CUT_TURNS, cut)
+    if dropped:
+        store.incr(DROPPED_TURNS, dropped)
