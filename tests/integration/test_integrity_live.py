@@ -11,7 +11,7 @@ from pathlib import Path
 from common.models import GenParams, Sample, SourceRef
 from common.store import RunStore
 from simulator.answers import prompt_key
-from tests.harness import wait_for
+from tests.harness import free_port, wait_for
 from tests.stack import Stack
 
 
@@ -50,7 +50,11 @@ def test_300_immediate_permanent_failures_under_a_tiny_lease_are_all_recorded(
     stack.simulator("--max-model-len", "6")
     stack.env.update(EAGLEGEN_LEASE_TTL="0.3", EAGLEGEN_RECONCILE_INTERVAL="1")
     worker = stack.worker(concurrency=8)
-    stack.enqueue(_prompts(tmp_path, 300))
+    # Enqueued unchecked (no server at the producer's address), as chaos does: the over-long
+    # prompts must reach the server.
+    unchecked = {**stack.env, "EAGLEGEN_ENDPOINTS": f"http://127.0.0.1:{free_port()}/v1"}
+    result = stack.procs.run(["enqueue", str(_prompts(tmp_path, 300))], unchecked)
+    assert result.returncode == 0, result.stderr
     wait_for(lambda: stack.store.counts().failed == 300, 120, lambda: str(stack.store.counts()))
     counts = stack.store.counts()
     assert (counts.pending, counts.failed, counts.redeliveries) == (0, 300, 0)
