@@ -33,7 +33,7 @@ class CaptureParts:
         self.model = model
         self._views: dict[str, RunView] = {}
         self._lock = threading.Lock()
-        self.processor = RowProcessor(self.view, self.batcher, self.leases, settings.lease_ttl)
+        self.processor = RowProcessor(self.view, self.batcher, self.leases, settings)
         lock = capture_reconciler_lock_key(settings.key_prefix)
         self.reconciler = ReconcilerLoop(self.redis, settings, hand_back, lock)
         self.manifests = ManifestWriters(self.redis, settings)

@@ -26,8 +26,10 @@ from capture.spec import CaptureSpec, ManifestLine
 from capture.store import CaptureStore
 from common import errors
 from common.models import Failure
+from common.settings import Settings
 from common.stats import StatsRecorder
 from worker.pipeline.leases import LeaseKeeper
+from worker.pipeline.processing import is_final
 
 log = logging.getLogger("eaglegen.capture")
 
@@ -52,12 +54,13 @@ class RowProcessor:
 
     def __init__(
         self, views: Callable[[str], RunView], batcher: Batcher, leases: LeaseKeeper,
-        lease_ttl: float,
+        settings: Settings,
     ) -> None:  # fmt: skip
         self.views = views
         self.batcher = batcher
         self.leases = leases
-        self.lease_ttl = lease_ttl
+        self.settings = settings
+        self.lease_ttl = settings.lease_ttl
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
     def process(self, run: str, row_id: str, retries: int = 0) -> str:
@@ -77,6 +80,13 @@ class RowProcessor:
         cancelled = self.leases.hold(view.store.run, row_id, token)
         try:
             return self._capture(view, row_id, token, cancelled)
+        except errors.GenerationError as exc:
+            # A final failure is stored by the lease's holder, fenced like every other write.
+            if is_final(exc, retries, self.settings):
+                self._fail(view, row_id, token, exc, taken.attempts)
+            else:
+                view.store.runs.release(row_id, token)
+            raise
         except BaseException:
             view.store.runs.release(row_id, token)
             raise
@@ -102,14 +112,13 @@ class RowProcessor:
         view.stats.finished(line.tokens, kept=outcome == "stored")
         return "done" if outcome == "stored" else outcome
 
-    def fail(self, run: str, row_id: str, exc: errors.GenerationError) -> None:
-        """Record a row as failed with its reason (refused while another worker holds it)."""
-        store = self.views(run).store.runs
-        failure = Failure(
-            kind=exc.kind, message=str(exc)[:1000], attempts=store.attempts(row_id), at=time.time()
-        )
-        if store.store_failure(row_id, failure) != "lease_lost":
-            log.warning("failed %s/%s: %s", run, row_id, failure.message)
+    def _fail(
+        self, view: RunView, row_id: str, token: str, exc: errors.GenerationError, attempts: int
+    ) -> None:
+        """Record a row as failed with its reason, under our lease."""
+        failure = Failure(kind=exc.kind, message=str(exc)[:1000], attempts=attempts, at=time.time())
+        if view.store.runs.store_failure(row_id, failure, token) != "lease_lost":
+            log.warning("failed %s/%s: %s", view.store.run, row_id, failure.message)
 
     def count_retry(self, run: str) -> None:
         """A transient failure will be retried after its backoff."""

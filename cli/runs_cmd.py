@@ -86,10 +86,19 @@ def _frozen_params(store: RunStore, summary: dict[str, object] | None) -> object
 def retire(
     name: Annotated[str, typer.Argument(help="The run to retire.")],
     force: Annotated[
-        bool, typer.Option("--force", help="Retire even with samples pending, unwritten or failed.")
+        bool,
+        typer.Option(
+            "--force",
+            help="Retire even with samples pending, unwritten or failed, a producer feeding it "
+            "or a collector following it.",
+        ),
     ] = False,
 ) -> None:
-    """Remove a finished run's keys from Redis, keeping a small summary."""
+    """Remove a finished run's keys from Redis, keeping a small summary.
+
+    Refused while a producer feeds the run or a collector holds its lock (unless --force);
+    once retired, nothing more lands in the run.
+    """
     settings = load_settings(run=name)
     store = open_store(settings)
     if not store.exists() and store.retired_summary() is None:
@@ -98,6 +107,16 @@ def retire(
     outcome = store.retire(force)
     if outcome == "already":
         console.print(f"run {name!r} was already retired")
+    elif outcome == "producing":
+        fail(
+            f"run {name!r} is still being fed by a producer (eaglegen enqueue); wait for it to "
+            "end or stop it, or --force (a producer still feeding it is then refused)"
+        )
+    elif outcome == "collecting":
+        fail(
+            f"a collector holds run {name!r}'s lock (eaglegen collect is following it); stop "
+            "it first, or --force (the collector then stops)"
+        )
     elif outcome == "unfinished":
         counts = store.counts()
         fail(f"run {name!r} is not fully written ({counts.pending} pending, "

@@ -56,6 +56,9 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
     if tools is not None:  # conversations with tool calls: how many ended, and where
         data["tool_calls"] = tools
     data["clocks_off"] = _clocks_off(store, settings)
+    # One model per run: the pinned one, and the endpoints refused for serving another.
+    data["model"] = store.pinned_model()
+    data["refused_endpoints"] = store.refused_endpoints()
     return data
 
 

@@ -18,7 +18,7 @@ import redis
 
 from collector.sink import JsonlSink
 from common.errors import CollectorFenced, ConfigError
-from common.store import RunStore
+from common.store import CollectorStore
 
 log = logging.getLogger("eaglegen.collector")
 IDLE_MAX_S = 1.0  # longest pause between looks at an empty ready list
@@ -40,7 +40,7 @@ class Collector:
     """Moves a run's results to its JSONL file, exactly one line per sample id."""
 
     def __init__(
-        self, store: RunStore, sink: JsonlSink, batch: int = 256, lock_ttl: float = 10.0
+        self, store: CollectorStore, sink: JsonlSink, batch: int = 256, lock_ttl: float = 10.0
     ) -> None:
         self.store = store
         self.sink = sink

@@ -29,9 +29,11 @@ def workers_key(prefix: str) -> str:
     return f"{prefix}:workers"
 
 
-def reconciler_lock_key(prefix: str) -> str:
-    """Held by the one worker process running a reconciliation pass."""
-    return f"{prefix}:reconciler_lock"
+def reconciler_lock_key(prefix: str, queue: str) -> str:
+    """Held by the one worker process running a reconciliation pass over ``queue``'s runs:
+    each pass serves one queue, so each queue has its own lock (one pool cannot starve
+    another)."""
+    return f"{prefix}:reconciler_lock:{queue}"
 
 
 def capture_reconciler_lock_key(prefix: str) -> str:
@@ -182,6 +184,23 @@ class RunKeys:
         return self._key("lease_owner")
 
     @property
+    def reaped(self) -> str:
+        """Hash id -> token of the holder whose expired lease the reconciler reaped: only that
+        holder may take it back (it was paused, not dead), and only while no one else has."""
+        return self._key("reaped")
+
+    @property
+    def producers(self) -> str:
+        """Sorted set producer id -> heartbeat expiry (ms, Redis clock) of producers feeding
+        the run; ``runs retire`` refuses while one is live."""
+        return self._key("producers")
+
+    @property
+    def refused_endpoints(self) -> str:
+        """Hash endpoint -> why it may not serve this run (it serves another model)."""
+        return self._key("refused_endpoints")
+
+    @property
     def counters(self) -> str:
         """Hash of run counters (written, retries, tokens, errors by class)."""
         return self._key("counters")
@@ -216,6 +235,7 @@ class RunKeys:
         names = [
             "meta", "accepted", "pending", "prompts", "results",
             "ready", "collecting", "failed", "leases", "lease_owner", "counters",
-            "collector_lock", "stats", "endpoint_stats",
+            "collector_lock", "stats", "endpoint_stats", "reaped", "producers",
+            "refused_endpoints",
         ]  # fmt: skip
         return [self._key(name) for name in names]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -156,6 +158,33 @@ class Checkpoint(BaseModel):
     reasoning: str = ""  # the reasoning text so far
     tokens: int = 0  # generated so far: len(token_ids), else about one per text chunk
     resumed_from_tokens: int = 0  # of ``tokens``, how many an earlier checkpoint carried
+    # Which answered history the turn extends: how many answers came before it and a digest
+    # of them (``history_digest``). A checkpoint taken after other answers (a stale worker's)
+    # continues another conversation and is discarded, never resumed. None: not recorded.
+    history_turns: int | None = None
+    history: str | None = None
+
+    def on_history(self, answered: list[TurnResult]) -> Checkpoint:
+        """This checkpoint, marked as extending the answers ``answered``."""
+        return self.model_copy(
+            update={"history_turns": len(answered), "history": history_digest(answered)}
+        )
+
+    def extends(self, answered: list[TurnResult]) -> bool:
+        """Whether the checkpoint was taken on exactly the answers ``answered`` (one without
+        the mark is trusted only for a first turn, where there is no history to differ)."""
+        if self.history is None:
+            return not answered
+        return self.history_turns == len(answered) and self.history == history_digest(answered)
+
+
+def history_digest(answered: list[TurnResult]) -> str:
+    """A digest of the answers a turn is generated after (their text and token ids)."""
+    digest = hashlib.sha256()
+    for turn in answered:
+        part = [turn.content, turn.reasoning or "", turn.token_ids or []]
+        digest.update(json.dumps(part, ensure_ascii=False).encode())
+    return digest.hexdigest()[:32]
 
 
 class Message(BaseModel):

@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 
+from common import lua
 from common.keys import RunKeys
 from common.redact import redact
 
@@ -142,16 +143,34 @@ class StatsBatch:
     def __bool__(self) -> bool:
         return bool(self.ints or self.floats or self.last_finished_at is not None)
 
-    def write(self, pipe: redis.client.Pipeline, stats_key: str) -> None:
-        """Queue the batch's commands on ``pipe``."""
+    def write(self, ops: StatsOps, stats_key: str) -> None:
+        """Add the batch's writes to ``ops``."""
         for (key, name), amount in self.ints.items():
-            pipe.hincrby(key, name, amount)
+            ops.add("i", key, name, amount)
         for (key, name), total in self.floats.items():
-            pipe.hincrbyfloat(key, name, total)
+            ops.add("f", key, name, total)
         for bucket in self.expiring:
-            pipe.expire(bucket, RATE_WINDOW_S * 3)
+            ops.add("e", bucket, "", RATE_WINDOW_S * 3)
         if self.last_finished_at is not None:
-            pipe.hset(stats_key, "last_finished_at", repr(self.last_finished_at))
+            ops.add("s", stats_key, "last_finished_at", repr(self.last_finished_at))
+
+
+class StatsOps:
+    """Statistics writes for one ``STATS_WRITE`` call: refused as a whole on a retired run."""
+
+    def __init__(self, keys: RunKeys) -> None:
+        self.keys = [keys.retired]
+        self.args: list[str | int | float] = []
+
+    def add(self, op: str, key: str, name: str, value: str | int | float) -> None:
+        """One write: op 'i' HINCRBY, 'f' HINCRBYFLOAT, 's' HSET, 'e' EXPIRE."""
+        if key not in self.keys:
+            self.keys.append(key)
+        self.args += [op, self.keys.index(key) + 1, name, value]
+
+    def send(self, client: redis.Redis) -> None:
+        """Write them all, unless the run is retired."""
+        client.register_script(lua.STATS_WRITE)(keys=self.keys, args=self.args)
 
 
 class StatsRecorder:
@@ -222,15 +241,12 @@ class StatsRecorder:
             batch, self._batch = self._batch, StatsBatch()
         if not batch:
             return
-        # A run retired since the last flush keeps only its summary: writing would bring its
-        # statistics keys back (one read a second; a retire landing between the two is not
-        # covered, and leaves a few hundred bytes that `runs retire --force` removes).
-        if self.r.exists(self.keys.retired):
-            return
-        pipe = self.r.pipeline(transaction=False)
-        batch.write(pipe, self.keys.stats)
+        # A run retired since the last flush keeps only its summary: the script refuses the
+        # writes that would bring its statistics keys back.
+        ops = StatsOps(self.keys)
+        batch.write(ops, self.keys.stats)
         try:
-            pipe.execute()
+            ops.send(self.r)
         except redis.RedisError:
             with self._lock:  # kept for the next flush rather than lost
                 self._batch.merge(batch)
@@ -246,13 +262,13 @@ class StatsRecorder:
     def error(self, kind: str, message: str, endpoint: str | None, wasted_tokens: int) -> None:
         """An attempt failed; tokens it had streamed are thrown away."""
         k = self.keys
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hincrby(k.stats, f"err:{kind}", 1)
-        pipe.hset(k.stats, f"lasterr:{kind}", redact(message, self.secrets)[:300])
-        pipe.hincrby(k.stats, "wasted_tokens", wasted_tokens)
+        ops = StatsOps(k)
+        ops.add("i", k.stats, f"err:{kind}", 1)
+        ops.add("s", k.stats, f"lasterr:{kind}", redact(message, self.secrets)[:300])
+        ops.add("i", k.stats, "wasted_tokens", wasted_tokens)
         if endpoint:
-            pipe.hincrby(k.endpoint_stats, f"{endpoint}|errors", 1)
-        pipe.execute()
+            ops.add("i", k.endpoint_stats, f"{endpoint}|errors", 1)
+        ops.send(self.r)
 
 
 def read_snapshot(

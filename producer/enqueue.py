@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 
+import redis
+
+from common.errors import RunRetired
 from common.ids import sample_id
 from common.models import GenParams, Sample, SourceRef
-from common.store import RunStore
+from common.store import ProducerStore
 from producer.formats import InvalidRow, Prompt, detect_format, to_prompt
 from producer.preflight import prompt_estimate
 from producer.readers import RawRow, SourceInfo
@@ -66,7 +71,7 @@ class EnqueueCounts:
 class Feeder:
     """Turns rows into accepted samples and published tasks."""
 
-    store: RunStore
+    store: ProducerStore
     params: GenParams
     info: SourceInfo
     publish: Callable[[list[str]], object]
@@ -80,6 +85,8 @@ class Feeder:
     on_progress: Callable[[EnqueueCounts], None] = lambda counts: None
     wait: Callable[[float], None] = time.sleep
     counts: EnqueueCounts = field(default_factory=EnqueueCounts)
+    # Names this producer's heartbeat in the run (``runs retire`` waits while one is live).
+    producer: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     _seen: set[str] = field(default_factory=set)
     _sizes: dict[str, int] = field(default_factory=dict)  # the batch's samples, text bytes
     _fed: list[int] = field(default_factory=lambda: [0, 0])  # samples and bytes accepted
@@ -88,9 +95,13 @@ class Feeder:
         """Feed every row (the first ``limit``), blocking while the run has too much pending."""
         self.counts.format = None if self.fmt == "auto" else self.fmt
         self.counts.max_prompt_tokens = self.max_prompt_tokens
-        for batch in _batches(islice(rows, limit), min(BATCH, self.max_pending)):
-            self._feed(batch)
-            self.on_progress(self.counts)
+        try:
+            for batch in _batches(islice(rows, limit), min(BATCH, self.max_pending)):
+                self._feed(batch)
+                self.on_progress(self.counts)
+        finally:
+            with contextlib.suppress(redis.RedisError, RunRetired):
+                self.store.beat(self.producer, alive=False)
         return self.counts
 
     def _feed(self, rows: list[RawRow]) -> None:
@@ -99,7 +110,7 @@ class Feeder:
         fresh = [s for s, seen in zip(samples, known, strict=True) if not seen]
         self.counts.present += len(samples) - len(fresh)
         self._wait_for_room(len(fresh), sum(self._sizes[s.id] for s in fresh))
-        accepted = self.store.accept(fresh)
+        accepted = self.store.accept(fresh, self.producer)
         new_ids = [s.id for s, ok in zip(fresh, accepted, strict=True) if ok]
         self._fed[0] += len(new_ids)
         self._fed[1] += sum(self._sizes[sid] for sid in new_ids)
@@ -170,15 +181,15 @@ class Feeder:
         # the samples this enqueue accepted (Redis keeps no byte count of a run).
         while wanted:
             pending = self.store.pending_count()
-            if pending + wanted > self.max_pending:
-                self.wait(0.5)
-                continue
             fed, fed_bytes = self._fed
             mean = fed_bytes / fed if fed else wanted_bytes / wanted
-            if pending and pending * mean + wanted_bytes > self.max_pending_bytes:
-                self.wait(0.5)
-                continue
-            return
+            full = pending + wanted > self.max_pending or (
+                pending and pending * mean + wanted_bytes > self.max_pending_bytes
+            )
+            if not full:
+                return
+            self.store.beat(self.producer)  # waiting for room is still feeding the run
+            self.wait(0.5)
 
 
 def _text_bytes(prompt: Prompt) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from simulator.config import SimConfig
+from simulator.sampling import draw
 
 Message = Mapping[str, Any]
 FinishReason = Literal["stop", "length", "tool_calls"]
@@ -88,9 +89,10 @@ def expected_answer(
 ) -> SimAnswer:
     """Return the exact answer the simulator gives to these messages."""
     key = prompt_key(messages)
+    seed = key + draw()  # a request that samples (simulator/sampling.py) draws its own
     # Separate streams keep the content identical whether or not thinking is on.
-    reasoning = _reasoning_tokens(random.Random(f"{key}:reasoning"), thinking, cfg)
-    content = _content_tokens(random.Random(f"{key}:content"), key, cfg)
+    reasoning = _reasoning_tokens(random.Random(f"{seed}:reasoning"), thinking, cfg)
+    content = _content_tokens(random.Random(f"{seed}:content"), key, cfg)
     limit = _token_limit(messages, max_tokens, cfg)
     return _truncate(reasoning, content, limit)
 

@@ -111,6 +111,14 @@ def simulate(
         int, Opt(help="Tokens sent before a mid-stream fault (0: a random cut point).")
     ] = _DEFAULTS.cut_at,
     seed: Annotated[int, Opt(help="Seed of the fault draws.")] = _DEFAULTS.seed,
+    vary_answers: Annotated[
+        bool,
+        Opt(
+            "--vary-answers",
+            help="Chat requests at temperature > 0 each draw an answer of their own (as a "
+            "real server samples); at 0 the prompt's answer stays the same.",
+        ),
+    ] = _DEFAULTS.vary_answers,
     tool_mismatch_share: Annotated[
         float, Opt(help="Share of tool-call answers that call another function than named.")
     ] = _DEFAULTS.tool_mismatch_share,
@@ -147,6 +155,7 @@ def simulate(
             cut_at=cut_at,
             ignore_continuations=ignore_continuations,
             seed=seed,
+            vary_answers=vary_answers,
             tool_mismatch_share=tool_mismatch_share,
             log_path=log_path,
         )

@@ -42,6 +42,7 @@ class SimConfig(BaseModel):
     disconnect_first: int = Field(default=0, ge=0)
     cut_at: int = Field(default=0, ge=0)  # tokens sent before a mid-stream fault; 0 = random
     seed: int = 0
+    vary_answers: bool = False  # chat requests at temperature > 0 each draw their own answer
     # Of the answers that call tools, the share calling another function than the messages
     # name (simulator/tool_calls.py): a source conversation's calls then do not match.
     tool_mismatch_share: float = Field(default=0.0, ge=0.0, le=1.0)

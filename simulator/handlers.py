@@ -17,6 +17,7 @@ from simulator.delivery import JobResponse, respond_job, stream_job
 from simulator.faults import MID_STREAM_FAULTS, Fault, request_rng
 from simulator.jobs import ChatRequest, CompletionRequest, ConfigUpdate, Endpoint, Job
 from simulator.plans import Plan, Rejection, chat_plan, completion_plan
+from simulator.sampling import sampled
 from simulator.state import SimState
 
 R = TypeVar("R", ChatRequest, CompletionRequest)
@@ -83,7 +84,8 @@ async def chat_completions(request: Request) -> Response:
     parsed = await _read(request, state, ChatRequest)
     if isinstance(parsed, Response):
         return parsed
-    plan = chat_plan(parsed, state.cfg)
+    with sampled(state.cfg.vary_answers, parsed.temperature, state.stats.requests):
+        plan = chat_plan(parsed, state.cfg)
     return _admit(state, plan, "chat", parsed.stream, parsed.include_usage)
 
 

@@ -33,7 +33,7 @@ class ChatRequest(BaseModel):
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = None  # accepted and ignored: answers are deterministic
+    temperature: float | None = None  # > 0 with --vary-answers: an answer of its own
     top_p: float | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -84,7 +84,7 @@ class CompletionRequest(BaseModel):
     model: str | None = None
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=1)  # vLLM's default, as OpenAI's
-    temperature: float | None = None  # accepted and ignored: answers are deterministic
+    temperature: float | None = None  # > 0 with --vary-answers: an answer of its own
     top_p: float | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

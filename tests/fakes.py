@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from common import errors
 from common.models import Checkpoint, Failure, GenParams, Sample, SourceRef, TurnResult, Usage
 from common.store import RunCounts, Taken
 
@@ -95,7 +96,9 @@ class FakeStore:
     def attempts(self, sample_id: str) -> int:
         return self.counters.get(f"attempts:{sample_id}", 0)
 
-    def save_partial(self, sample_id: str, turns: list[TurnResult]) -> None:
+    def save_partial(self, sample_id: str, token: str, turns: list[TurnResult]) -> None:
+        if self.leases.get(sample_id) != token or sample_id not in self.pending:
+            raise errors.LeaseLost(f"answered turns of {sample_id} refused")
         self.partial[sample_id] = list(turns)
         self.checkpoints.pop(sample_id, None)
 
@@ -133,6 +136,10 @@ class FakeStore:
     def incr(self, counter: str, amount: int = 1) -> None:
         self.counters[counter] = self.counters.get(counter, 0) + amount
 
+    def pin_model(self, model: str, endpoint: str) -> str:
+        self.model = getattr(self, "model", None) or model
+        return self.model
+
     def meta_value(self, name: str) -> str | None:
         return self.meta.get(name)
 
@@ -157,7 +164,10 @@ class FakeStore:
     def known(self, ids: list[str]) -> list[bool]:
         return [i in self.accepted for i in ids]
 
-    def accept(self, samples: list[Sample]) -> list[bool]:
+    def beat(self, producer: str, alive: bool = True) -> None:
+        self.counters["beats"] = self.counters.get("beats", 0) + 1
+
+    def accept(self, samples: list[Sample], producer: str = "") -> list[bool]:
         fresh = [s.id not in self.accepted for s in samples]
         for s, new in zip(samples, fresh, strict=True):
             if new:
@@ -191,11 +201,16 @@ class FakeStore:
 class FakeClient:
     """An endpoint client answering from a script: each entry a TurnResult or an exception."""
 
+    endpoint = "http://e/v1"
+
     def __init__(self, *script: Any, probe_error: Exception | None = None) -> None:
         self.script = list(script)
         self.calls: list[list[dict[str, Any]]] = []
         self.options: list[dict[str, Any]] = []  # each call's turn, resume and progress
         self.probe_error = probe_error
+
+    def model(self) -> str:
+        return "m"
 
     def probe(self, timeout: float | None = None) -> None:
         if self.probe_error is not None:
@@ -221,7 +236,9 @@ class FakeEndpoints:
         self.hints: list[Any] = []  # the routing hint of each request
 
     @contextlib.contextmanager
-    def borrow(self, check: Any = None, hint: Any = None) -> Iterator[FakeClient]:
+    def borrow(
+        self, check: Any = None, hint: Any = None, avoid: Any = frozenset()
+    ) -> Iterator[FakeClient]:
         self.hints.append(hint)
         yield self.client
 

@@ -85,11 +85,29 @@ def test_a_redis_error_while_saving_is_logged_and_pauses_periodic_saves(caplog):
     assert not any(p.due(n) for n in range(11, 500))  # no save per 10 tokens into a dead Redis
 
 
-def test_a_refused_save_stops_periodic_saves_for_the_turn():
+def test_a_refused_save_ends_the_attempt_at_once_as_a_lost_lease():
     store = Recording(answer=False)
     p = progress(store, tokens=10)
-    p.save(ckpt(10))
+    with pytest.raises(errors.LeaseLost):
+        p.save(ckpt(10))
     assert p.refused and not p.due(1000)
+
+
+def test_a_checkpoint_names_the_answered_history_it_extends():
+    first, other = turn("first answer"), turn("another first answer")
+    marked = ckpt(10, turn_index=1).on_history([first])
+    assert marked.history_turns == 1 and marked.extends([first])
+    assert not marked.extends([other]) and not marked.extends([])
+
+
+def test_a_checkpoint_taken_on_another_history_is_discarded_not_resumed():
+    first, other = turn("first answer"), turn("another first answer")
+    stale = ckpt(10, turn_index=1).on_history([other])  # a stale worker's turn 1
+    assert Taken("ok", 1, sample("a"), [first], stale).resume_point() is None
+    fresh = ckpt(10, turn_index=1).on_history([first])
+    assert Taken("ok", 1, sample("a"), [first], fresh).resume_point() == fresh
+    unmarked = ckpt(10, turn_index=1)  # no proof of its history: not trusted past turn 0
+    assert Taken("ok", 1, sample("a"), [first], unmarked).resume_point() is None
 
 
 # -- the processor -------------------------------------------------------------------------
@@ -129,7 +147,7 @@ def test_periodic_checkpoints_are_written_under_the_lease_and_leave_with_the_res
 
     proc, client, _ = _processor(store, stream)
     assert proc.process("r", "a") == "done"
-    assert seen["mid"] == ckpt(256)  # written while the lease was held
+    assert seen["mid"] == ckpt(256).on_history([])  # written while the lease was held
     assert "a" not in store.checkpoints  # and gone with the stored result
     assert client.options[0]["turn"] == 0 and client.options[0]["resume"] is None
 
@@ -146,7 +164,7 @@ def test_a_broken_stream_saves_its_break_point_and_the_retry_continues_it_on_its
     assert store.checkpoints["a"].tokens == 700 and store.leases == {}  # saved, lease given back
     assert broken.tokens_streamed == 0  # kept, so not wasted
     assert proc.process("r", "a") == "done"
-    assert client.options[1]["resume"] == ckpt(700, endpoint="http://x/v1")
+    assert client.options[1]["resume"] == ckpt(700, endpoint="http://x/v1").on_history([])
     assert endpoints.hints[1].previous == "http://x/v1"  # its prefix is cached there
     record = json.loads(store.results["a"])
     assert record["generation"]["turns"][0]["resumed_from_tokens"] == 700

@@ -99,8 +99,11 @@ def test_a_failure_is_stored_with_its_class_and_a_redacted_message():
     store = FakeStore()
     store.add(sample("a"))
     settings = Settings(api_key="sk-secret-123")
-    proc, _, _, _ = _processor(store, settings=settings)
-    proc.fail("r", "a", errors.BadRequest("HTTP 400: key sk-secret-123 rejected"))
+    proc, _, _, _ = _processor(
+        store, errors.BadRequest("HTTP 400: key sk-secret-123 rejected"), settings=settings
+    )
+    with pytest.raises(errors.BadRequest):
+        proc.process("r", "a")
     failure = store.failed["a"]
     assert failure.kind == "400" and "sk-secret-123" not in failure.message
 
@@ -132,10 +135,8 @@ def test_a_second_message_for_a_sample_this_process_generates_is_acked_without_a
     assert proc.process("r", "a") == "done"
 
 
-def test_a_result_whose_lease_another_worker_took_is_refused_and_counted_wasted():
-    store = FakeStore()
-    store.add(sample("a"))
-    proc, _, observer, _ = _processor(store, turn())
+def _lose_lease_after_take(store: FakeStore) -> None:
+    """Every lease taken expires at once and another worker takes the sample over."""
     real_take = store.take
 
     def take_then_lose(sample_id, owner, ttl_s, retries=0):
@@ -144,14 +145,31 @@ def test_a_result_whose_lease_another_worker_took_is_refused_and_counted_wasted(
         return taken
 
     store.take = take_then_lose
+
+
+def test_a_result_whose_lease_another_worker_took_is_refused_and_counted_wasted():
+    store = FakeStore()
+    store.add(sample("a"))
+    proc, _, observer, _ = _processor(store, turn())
+    _lose_lease_after_take(store)
     assert proc.process("r", "a") == "lease_lost"
     assert "a" in store.pending and observer.events[-1] == ("finished", (7, False))
 
 
-def test_a_failure_is_not_stored_while_another_worker_holds_the_lease():
+def test_a_failure_is_not_stored_once_another_worker_holds_the_lease():
     store = FakeStore()
     store.add(sample("a"))
-    store.leases["a"] = "someone-else"
-    proc, _, _, _ = _processor(store)
-    proc.fail("r", "a", errors.ServerError("500"))
+    proc, _, _, _ = _processor(store, errors.BadRequest("400"))
+    _lose_lease_after_take(store)
+    with pytest.raises(errors.BadRequest):
+        proc.process("r", "a")
     assert store.failed == {} and "a" in store.pending
+
+
+def test_a_transient_error_with_retries_left_gives_the_lease_back_and_fails_nothing():
+    store = FakeStore()
+    store.add(sample("a"))
+    proc, _, _, _ = _processor(store, errors.ServerError("500"))
+    with pytest.raises(errors.ServerError):
+        proc.process("r", "a", retries=0)
+    assert store.failed == {} and "a" not in store.leases and "a" in store.pending

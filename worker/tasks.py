@@ -19,6 +19,7 @@ from common.backoff import backoff_delay
 from common.logs import secrets_of
 from common.redact import redact
 from common.settings import Settings
+from worker.pipeline.processing import is_final
 
 # Redis restarting: try again soon; if even this publish fails, the reconciler finds the
 # sample (pending, no lease, no message) and re-enqueues it.
@@ -29,7 +30,6 @@ class Processor(Protocol):
     """The work behind a message (``worker.pipeline.processing.SampleProcessor``)."""
 
     def process(self, run: str, sample_id: str, retries: int = 0) -> str: ...
-    def fail(self, run: str, sample_id: str, exc: errors.GenerationError) -> None: ...
     def count_retry(self, run: str) -> None: ...
 
 
@@ -50,11 +50,9 @@ def after_error(exc: BaseException, retries: int, settings: Settings) -> Next | 
         return Next("drop")  # another worker has the sample now: not a failure, not a retry
     if isinstance(exc, redis.RedisError):
         return Next("retry", REDIS_RETRY_S)
-    if isinstance(exc, errors.PermanentError):
+    if is_final(exc, retries, settings):
         return Next("fail")
     if isinstance(exc, errors.TransientError):
-        if retries >= settings.max_retries:
-            return Next("fail")
         delay = backoff_delay(retries, settings.backoff_base, settings.backoff_max)
         return Next("retry", delay, counts_as_retry=True)
     return None
@@ -100,9 +98,7 @@ def _follow(
     if step.action == "drop":
         return "lease-lost"
     if step.action == "fail":
-        assert isinstance(exc, errors.GenerationError)
-        work.fail(run, sample_id, exc)
-        return "failed"
+        return "failed"  # stored by the processor, under the sample's lease
     if step.counts_as_retry:
         work.count_retry(run)
     raise task.retry(countdown=step.countdown, exc=exc) from None

@@ -70,7 +70,7 @@ def test_answering_the_turn_empties_its_checkpoint_in_the_same_write(store):
     store.accept([_sample(1, turns=2)])
     store.take("s1", "a", 30)
     store.save_checkpoint("s1", "a", ckpt(50, turn_index=0))
-    store.save_partial("s1", [turn("one")])
+    store.save_partial("s1", "a", [turn("one")])
     store.release("s1", "a")
     taken = store.take("s1", "b", 30)
     assert [t.content for t in taken.partial] == ["one"] and taken.checkpoint is None

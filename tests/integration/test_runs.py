@@ -38,7 +38,7 @@ def test_a_collected_run_is_retired_to_a_summary_and_cannot_take_samples_again(
 ):
     stack.simulator(*FAST)
     stack.worker(concurrency=8)
-    stack.collector()
+    collector = stack.collector()
     source = _prompts(tmp_path, 40)
     stack.enqueue(source)
     stack.wait_complete()
@@ -46,6 +46,9 @@ def test_a_collected_run_is_retired_to_a_summary_and_cannot_take_samples_again(
     assert (row["state"], row["total"], row["written"], row["failed"]) == ("complete", 40, 40, 0)
     full = row["redis_bytes"]
     assert full > 0
+    following = stack.procs.run(["runs", "retire", stack.run_name], stack.env)
+    assert following.returncode == 1 and "a collector holds" in following.stderr
+    stack.procs.stop(collector)
 
     result = stack.procs.run(["runs", "retire", stack.run_name], stack.env)
     assert result.returncode == 0, result.stderr

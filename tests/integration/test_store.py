@@ -45,12 +45,18 @@ def test_an_expired_lease_can_be_taken_over_and_the_old_holder_learns_it(store):
     assert store.renew([("s1", "new")], 30) == []
 
 
+def _stored(store, sample_id: str) -> None:
+    """A result stored by the holder of the sample's lease, as a worker does."""
+    assert store.take(sample_id, "w", 30).outcome == "ok"
+    assert store.store_result(sample_id, "{}", 1, "w") == "stored"
+
+
 def test_taking_a_sample_reads_its_prompt_attempts_and_answered_turns(store):
     store.accept([_sample(1)])
     first = store.take("s1", "a", 30)
     assert (first.outcome, first.attempts, first.partial) == ("ok", 1, [])
     assert first.sample == _sample(1)
-    store.save_partial("s1", [turn("one")])
+    store.save_partial("s1", "a", [turn("one")])
     store.release("s1", "a")
     again = store.take("s1", "b", 30, retries=1)
     assert again.attempts == 2 and [t.content for t in again.partial] == ["one"]
@@ -73,8 +79,8 @@ def test_a_result_is_stored_once_and_ends_the_lease(store):
 
 def test_collected_results_leave_redis_and_count_as_written_once(store):
     store.accept([_sample(1), _sample(2)])
-    store.store_result("s1", "{}", 1)
-    store.store_result("s2", "{}", 1)
+    _stored(store, "s1")
+    _stored(store, "s2")
     lock = store.collector_lock(10)
     assert lock.hold()
     assert store.take_ready(lock.token, 10) == ["s1", "s2"]
@@ -87,8 +93,8 @@ def test_collected_results_leave_redis_and_count_as_written_once(store):
 
 def test_only_the_collector_lock_holder_can_take_or_commit(store):
     store.accept([_sample(1), _sample(2)])
-    store.store_result("s1", "{}", 1)
-    store.store_result("s2", "{}", 1)
+    _stored(store, "s1")
+    _stored(store, "s2")
     old, new = store.collector_lock(0.2), store.collector_lock(10)
     assert old.hold()
     assert store.take_ready(old.token, 1) == ["s1"]
@@ -108,7 +114,7 @@ def test_only_the_collector_lock_holder_can_take_or_commit(store):
 def test_a_commit_removes_only_the_ids_it_names(store):
     store.accept([_sample(i) for i in (1, 2, 3)])
     for i in (1, 2, 3):
-        store.store_result(f"s{i}", "{}", 1)
+        _stored(store, f"s{i}")
     lock = store.collector_lock(10)
     assert lock.hold() and store.take_ready(lock.token, 5) == ["s1", "s2", "s3"]
     assert store.commit_collected(lock.token, ["s2"]) == 1  # not the head of the list
@@ -119,7 +125,8 @@ def test_a_commit_removes_only_the_ids_it_names(store):
 
 def test_failed_samples_go_back_to_pending_on_request(store):
     store.accept([_sample(1)])
-    store.store_failure("s1", Failure(kind="400", message="too long", attempts=1, at=0.0))
+    store.take("s1", "a", 30)
+    store.store_failure("s1", Failure(kind="400", message="too long", attempts=1, at=0.0), "a")
     assert store.counts().failed == 1
     assert store.requeue_failed() == ["s1"]
     counts = store.counts()
@@ -137,7 +144,7 @@ def test_expired_leases_are_reaped_and_live_ones_kept(store):
 
 def test_results_missing_from_the_ready_list_are_found(store):
     store.accept([_sample(1)])
-    store.store_result("s1", "{}", 1)
+    _stored(store, "s1")
     store.r.delete(store.keys.ready)  # as if lost in a Redis restart
     assert store.orphan_results() == ["s1"]
     lock = store.collector_lock(10)

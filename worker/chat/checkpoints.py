@@ -2,8 +2,10 @@
 
 The client asks ``due(tokens)`` after every network read, so it must cost next to nothing:
 an int compare, and a clock read every few calls. ``save`` writes the whole partial turn with
-the fenced ``SAVE_CHECKPOINT`` script (only the lease holder's write lands). A checkpoint is
-an optimisation: a Redis error while saving one is logged and the generation goes on.
+the fenced ``SAVE_CHECKPOINT`` script (only the lease holder's write lands), marked with the
+answered history it extends. A refusal means the lease is not ours: the generation ends at
+once (``LeaseLost``), its tokens are another worker's to make. A Redis error while saving one
+is only logged: a checkpoint is an optimisation, and the generation goes on.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import time
 
 import redis
 
-from common.models import Checkpoint
+from common import errors
+from common.models import Checkpoint, TurnResult
 from common.settings import Settings
-from common.store import RunStore
+from common.store import WorkerStore
 
 log = logging.getLogger("eaglegen.worker")
 # The clock is read on every this-many-th ``due`` call (a power of two, for the mask).
@@ -29,10 +32,11 @@ class TurnCheckpoints:
     """The ``Progress`` of one turn of one sample, under one lease token."""
 
     def __init__(
-        self, store: RunStore, sample_id: str, token: str, settings: Settings,
-        resumed: Checkpoint | None = None,
+        self, store: WorkerStore, sample_id: str, token: str, settings: Settings,
+        resumed: Checkpoint | None = None, answered: list[TurnResult] | None = None,
     ) -> None:  # fmt: skip
         self.store = store
+        self.answered = list(answered or [])  # the history this turn is generated after
         self.sample_id = sample_id
         self.token = token
         self.every_tokens = settings.checkpoint_tokens
@@ -61,8 +65,10 @@ class TurnCheckpoints:
         return tokens > self._last_tokens
 
     def save(self, checkpoint: Checkpoint) -> None:
-        """Write a periodic checkpoint (errors logged, never raised)."""
-        self.keep(checkpoint)
+        """Write a periodic checkpoint (Redis errors logged); raises ``LeaseLost`` when it is
+        refused: the sample is not ours, every further token is wasted."""
+        if not self.keep(checkpoint) and self.refused:
+            raise errors.LeaseLost(f"checkpoint of {self.sample_id} refused: the lease is lost")
 
     def keep(self, checkpoint: Checkpoint) -> bool:
         """Write ``checkpoint`` under our lease; True if it landed. Tried even after a refusal
@@ -70,7 +76,8 @@ class TurnCheckpoints:
         self._last_tokens = checkpoint.tokens
         self._next_time = time.monotonic() + self.every_s
         try:
-            written = self.store.save_checkpoint(self.sample_id, self.token, checkpoint)
+            marked = checkpoint.on_history(self.answered)
+            written = self.store.save_checkpoint(self.sample_id, self.token, marked)
         except redis.RedisError as exc:
             self._next_time = time.monotonic() + max(self.every_s, PAUSE_AFTER_ERROR_S)
             self._paused = True
@@ -81,8 +88,7 @@ class TurnCheckpoints:
             return False
         self.refused = not written
         if not written:
-            # Another worker holds the sample (ours expired) or the lease was reaped: the
-            # renewer will cancel this generation; until then, no periodic saves.
+            # Another worker holds the sample (ours expired) or the lease was reaped.
             log.info("checkpoint of %s/%s refused: the lease is not ours", self.store.run,
                      self.sample_id)  # fmt: skip
             return False

@@ -71,15 +71,17 @@ class EndpointPool:
 
     @contextmanager
     def borrow(
-        self, check: Check | None = None, hint: RouteHint | None = None
-    ) -> Iterator[ChatClient]:
+        self, check: Check | None = None, hint: RouteHint | None = None,
+        avoid: frozenset[str] = frozenset(),
+    ) -> Iterator[ChatClient]:  # fmt: skip
         """A slot on an endpoint, and its client, for one request.
 
         ``check`` runs while waiting and may raise to give up (the sample's lease was lost).
         ``hint`` routes by prefix cache (``EAGLEGEN_ROUTING=cache``); without it, or with
-        ``least-loaded``, the endpoint with the most free capacity.
+        ``least-loaded``, the endpoint with the most free capacity. ``avoid``: endpoints
+        refused for the request's run (they serve another model).
         """
-        slot = self._acquire(check, hint)
+        slot = self._acquire(check, hint, avoid)
         try:
             yield self.clients[slot.endpoint]
         except BaseException as exc:
@@ -114,8 +116,11 @@ class EndpointPool:
             client.close()
 
     # -- taking and giving back slots ----------------------------------------------------
-    def _acquire(self, check: Check | None, hint: RouteHint | None = None) -> Slot:
-        slot = self._slot(check, self._route(hint))
+    def _acquire(
+        self, check: Check | None, hint: RouteHint | None = None,
+        avoid: frozenset[str] = frozenset(),
+    ) -> Slot:  # fmt: skip
+        slot = self._slot(check, self._route(hint), avoid)
         if self.limiter is not None:
             # Paid once a slot is ours, not before: requests waiting for capacity must not
             # pre-pay the rate and then leave together in a burst when an endpoint frees up.
@@ -131,7 +136,9 @@ class EndpointPool:
             return None
         return plan(hint, self.table.caps)
 
-    def _slot(self, check: Check | None, route: Route | None = None) -> Slot:
+    def _slot(
+        self, check: Check | None, route: Route | None = None, avoid: frozenset[str] = frozenset()
+    ) -> Slot:
         token = f"{self.owner}:{uuid.uuid4().hex[:12]}"
         deadline = time.monotonic() + self.settings.max_request_time
         # A later turn may wait this long for its previous server, if that one is full.
@@ -141,7 +148,7 @@ class EndpointPool:
         while True:
             patient = time.monotonic() < patience
             seen = self.signal.generation()
-            routed = self._try(token, route, patient)
+            routed = self._try(token, route, patient, avoid)
             if routed.endpoint is not None:
                 _log_move(route, routed.endpoint, patient)
                 return self._hold(Slot(routed.endpoint, token))
@@ -169,9 +176,13 @@ class EndpointPool:
         with self._lock:
             return all(health.out for health in self.health.values())
 
-    def _try(self, token: str, route: Route | None, patient: bool) -> Routed:
+    def _try(
+        self, token: str, route: Route | None, patient: bool, avoid: frozenset[str] = frozenset()
+    ) -> Routed:
         with self._lock:
-            eligible = [url for url, health in self.health.items() if not health.out]
+            eligible = [
+                url for url, health in self.health.items() if not health.out and url not in avoid
+            ]
         if not eligible:
             return Routed(None)
         try:

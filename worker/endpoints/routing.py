@@ -7,7 +7,7 @@ and a first turn prefers endpoints in an order drawn from its leading prefix (we
 rendezvous hashing), so that samples sharing a long system prompt meet on the same servers.
 
 This module is pure: it orders the endpoints. The slot is taken in Redis, atomically, by the
-``SLOT_ROUTE`` script (``common/lua.py``), which walks that order as ``choose`` does here: the
+``SLOT_ROUTE`` script (``common/lua/``), which walks that order as ``choose`` does here: the
 first eligible endpoint whose load stays within ``bound`` x its share of the cluster's load
 (so one popular prompt cannot pile onto one server) gets the request if it has a free slot,
 else the endpoint with the most free slots does: no slot stays idle while a request waits.

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import redis
 
-from common.store import RunStore
+from common.store import WorkerStore
 from worker.pipeline.ticker import Ticker
 
 log = logging.getLogger("eaglegen.worker")
@@ -24,7 +24,7 @@ log = logging.getLogger("eaglegen.worker")
 class LeaseKeeper:
     """(run, id) -> (lease token, cancel event) for every generation running in this process."""
 
-    def __init__(self, store: Callable[[str], RunStore], ttl_s: float) -> None:
+    def __init__(self, store: Callable[[str], WorkerStore], ttl_s: float) -> None:
         self.store = store
         self.ttl_s = ttl_s
         # One generation per sample per process (``claim``), so (run, id) names it; its

@@ -42,9 +42,11 @@ class Endpoints(Protocol):
     """Where requests go: a client for one request at a time, under the cluster-wide caps."""
 
     def borrow(
-        self, check: Check | None = None, hint: RouteHint | None = None
-    ) -> AbstractContextManager[ChatClient]:
-        """A client of the endpoint chosen for one request (``hint``: where its prefix is)."""
+        self, check: Check | None = None, hint: RouteHint | None = None,
+        avoid: frozenset[str] = frozenset(),
+    ) -> AbstractContextManager[ChatClient]:  # fmt: skip
+        """A client of the endpoint chosen for one request (``hint``: where its prefix is),
+        never one of ``avoid``."""
         ...
 
 
@@ -69,6 +71,16 @@ def _keep_break_point(exc: errors.GenerationError, progress: TurnCheckpoints | N
         exc.tokens_streamed = max(exc.tokens_streamed - kept, 0)
 
 
+def is_final(exc: BaseException, retries: int, settings: Settings) -> bool:
+    """Whether ``exc`` ends the sample as failed on its ``retries``-th retry: a permanent
+    error, or a transient one with no retry left (a lost lease or a hand-back never)."""
+    if isinstance(exc, errors.HandedBack | errors.LeaseLost):
+        return False
+    if isinstance(exc, errors.PermanentError):
+        return True
+    return isinstance(exc, errors.TransientError) and retries >= settings.max_retries
+
+
 class SampleProcessor:
     """Takes a sample's lease, answers its turns, stores the record or the failure."""
 
@@ -83,6 +95,8 @@ class SampleProcessor:
         self.observer = observer
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._params: dict[str, GenParams] = {}
+        self._serving: set[tuple[str, str]] = set()  # (run, endpoint) found on the run's model
+        self._refused: dict[str, frozenset[str]] = {}  # run -> endpoints on another model
         self.breaker = Breaker()
         self._drain_deadline: float | None = None
 
@@ -118,7 +132,6 @@ class SampleProcessor:
             self.leases.drop(run, sample_id)
 
     def _under_lease(self, store: RunStore, sample_id: str, retries: int) -> str:
-        self.breaker.check(store)  # open: failed at once, not sent to fail at the server
         token = f"{self.owner}:{uuid.uuid4().hex[:8]}"
         taken = store.take(sample_id, token, self.settings.lease_ttl, retries)
         if taken.outcome != "ok":
@@ -126,27 +139,35 @@ class SampleProcessor:
             return f"skipped:{taken.outcome}"
         cancelled = self.leases.hold(store.run, sample_id, token)
         try:
+            # Under the lease: an open breaker fails the sample at once, stored by its holder.
+            self.breaker.check(store)
             return self._generate(store, sample_id, taken, token, cancelled)
+        except errors.GenerationError as exc:
+            # Still under the lease (it is renewed until ``process`` returns): a final failure
+            # is stored by its holder, fenced like every other write; else it is given back.
+            if is_final(exc, retries, self.settings):
+                self._fail(store, sample_id, token, exc, taken.attempts)
+            else:
+                store.release(sample_id, token)
+            raise
         except BaseException:
             # Storing the result ends the lease; any other way out gives it back here.
             store.release(sample_id, token)
             raise
 
-    def fail(self, run: str, sample_id: str, exc: errors.GenerationError) -> None:
-        """Record a sample as failed, with the error's class and message.
-
-        Refused while another worker holds the sample's lease: that one may yet succeed.
-        """
-        store = self.store(run)
+    def _fail(
+        self, store: RunStore, sample_id: str, token: str, exc: errors.GenerationError,
+        attempts: int,
+    ) -> None:  # fmt: skip
+        """Record the sample as failed, with the error's class and message, under our lease
+        (refused if it is not ours: another worker may yet succeed)."""
         # The reason is kept in Redis and shown by `status`; a server may quote the key back.
         message = redact(str(exc), secrets_of(self.settings))[:1000]
-        failure = Failure(
-            kind=exc.kind, message=message, attempts=store.attempts(sample_id), at=time.time()
-        )
-        if store.store_failure(sample_id, failure) == "lease_lost":
-            log.info("not failing %s/%s: another worker is generating it", run, sample_id)
+        failure = Failure(kind=exc.kind, message=message, attempts=attempts, at=time.time())
+        if store.store_failure(sample_id, failure, token) == "lease_lost":
+            log.info("not failing %s/%s: the lease is not ours any more", store.run, sample_id)
             return
-        log.warning("failed %s/%s: %s", run, sample_id, failure.message)
+        log.warning("failed %s/%s: %s", store.run, sample_id, failure.message)
         self.breaker.failed(store, failure)
 
     def count_retry(self, run: str) -> None:
@@ -165,7 +186,7 @@ class SampleProcessor:
         answer = answer_turns if sample.script is None else answer_tool_turns
         turns = answer(
             sample, params, taken.partial, call=call,
-            save=lambda done: store.save_partial(sample_id, done),
+            save=lambda done: store.save_partial(sample_id, token, done),
         )  # fmt: skip
         return self._finish(store, sample, params, turns, token, taken.attempts)
 
@@ -175,7 +196,7 @@ class SampleProcessor:
         """Generates the sample's turns one by one: the first continues the taken checkpoint
         (EAGLEGEN_RESUME=auto), each saves checkpoints under ``token``, each keeps affinity."""
         assert taken.sample is not None
-        sample_id, answered = taken.sample.id, taken.partial
+        sample_id, answered = taken.sample.id, list(taken.partial)
         hint = hint_for(taken.sample, params, answered)  # the saved progress keeps the affinity
         # A turn with tool calls is not continued from a checkpoint: the continuation of its
         # ids on /v1/completions has no tool parser, so its calls would come back as text.
@@ -190,10 +211,11 @@ class SampleProcessor:
             nonlocal hint, resume, index
             progress = None
             if resuming:
-                progress = TurnCheckpoints(store, sample_id, token, self.settings, resume)
+                progress = TurnCheckpoints(store, sample_id, token, self.settings, resume, answered)
             turn = Turn(index, resume, progress, fields)
-            result = self._call(store.run, messages, params, check, hint, turn)
+            result = self._call(store, messages, params, check, hint, turn)
             hint, resume, index = hint.after(result.endpoint), None, index + 1
+            answered.append(result)
             return result
 
         return call
@@ -208,21 +230,43 @@ class SampleProcessor:
         return check
 
     def _call(
-        self, run: str, messages: Messages, params: GenParams, check: Check, hint: RouteHint,
-        turn: Turn,
+        self, store: RunStore, messages: Messages, params: GenParams, check: Check,
+        hint: RouteHint, turn: Turn,
     ) -> TurnResult:  # fmt: skip
         try:
-            with self.endpoints.borrow(check, hint) as client:
-                result = client.complete(
-                    messages, params, check, turn=turn.index, resume=turn.resume,
-                    progress=turn.progress, fields=turn.fields,
-                )  # fmt: skip
+            result = None
+            while result is None:  # again on another endpoint if this one's model is wrong
+                avoid = self._refused.get(store.run, frozenset())
+                with self.endpoints.borrow(check, hint, avoid) as client:
+                    if self._serves(store, client):
+                        result = client.complete(
+                            messages, params, check, turn=turn.index, resume=turn.resume,
+                            progress=turn.progress, fields=turn.fields,
+                        )  # fmt: skip
         except errors.GenerationError as exc:
             _keep_break_point(exc, turn.progress)
-            self.observer.error(run, exc)
+            self.observer.error(store.run, exc)
             raise
-        self.observer.turn(run, result)
+        self.observer.turn(store.run, result)
         return result
+
+    def _serves(self, store: RunStore, client: ChatClient) -> bool:
+        """Whether ``client``'s model is the run's (pinning it on the run's first request);
+        an endpoint serving another model is refused for this run, and noted for status."""
+        where = (store.run, client.endpoint)
+        if where in self._serving:
+            return True
+        model = client.model()
+        pinned = store.pin_model(model, client.endpoint)
+        if pinned == model:
+            self._serving.add(where)
+            return True
+        self._refused[store.run] = self._refused.get(store.run, frozenset()) | {client.endpoint}
+        log.warning(
+            "endpoint %s refused for run %s: it serves %r, the run's model is %r (one model "
+            "per run; it may serve other runs)", client.endpoint, store.run, model, pinned,
+        )  # fmt: skip
+        return False
 
     def _finish(
         self, store: RunStore, sample: Sample, params: GenParams, turns: list[TurnResult],

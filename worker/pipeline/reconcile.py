@@ -32,7 +32,7 @@ from common.clock import redis_time
 from common.keys import reconciler_lock_key
 from common.locks import HeldLock
 from common.settings import Settings
-from common.store import RunStore
+from common.store import ReconcileStore, known_runs
 from worker.pipeline.ticker import Ticker
 
 log = logging.getLogger("eaglegen.reconcile")
@@ -96,7 +96,7 @@ class Reconciler:
 
     def run_once(self, runs: list[str] | None = None, keep: Keep = _always) -> list[RunReport]:
         """One pass; returns a report per run. ``keep`` False: the lock was lost, stop."""
-        names = [r for r in runs or RunStore.known_runs(self.r, self.settings.key_prefix)
+        names = [r for r in runs or known_runs(self.r, self.settings.key_prefix)
                  if self._serves(r)]  # fmt: skip
         scanned = queued_count(self.r, self.settings.queue) <= self.settings.reconcile_scan_max
         refs = self._message_refs(scanned)
@@ -113,7 +113,7 @@ class Reconciler:
     def _serves(self, run: str) -> bool:
         # Only our queue's runs: we see only our queue's messages, and what we re-publish goes
         # to our queue, whose workers may use other endpoints and another model.
-        queue = RunStore(self.r, self.settings.key_prefix, run).queue()
+        queue = ReconcileStore(self.r, self.settings.key_prefix, run).queue()
         return (queue or Settings.model_fields["queue"].default) == self.settings.queue
 
     def _message_refs(self, scan_queue: bool) -> dict[str, list[MessageRef]]:
@@ -127,7 +127,7 @@ class Reconciler:
     def _reconcile(
         self, run: str, refs: list[MessageRef], scanned: bool, keep: Keep
     ) -> RunReport:  # fmt: skip
-        store = RunStore(self.r, self.settings.key_prefix, run)
+        store = ReconcileStore(self.r, self.settings.key_prefix, run)
         report = RunReport(run, expired_leases=store.reap_expired_leases(), queue_scanned=scanned)
         pending = self._candidates(store, report, refs)
         if pending:
@@ -142,7 +142,9 @@ class Reconciler:
         report.results_relisted = [i for i in store.orphan_results() if store.requeue_result(i)]
         return report
 
-    def _candidates(self, store: RunStore, report: RunReport, refs: list[MessageRef]) -> set[str]:
+    def _candidates(
+        self, store: ReconcileStore, report: RunReport, refs: list[MessageRef]
+    ) -> set[str]:
         """The pending ids this pass can judge: all of them when the queue was read."""
         if report.queue_scanned:
             pending = store.pending_ids()
@@ -154,7 +156,8 @@ class Reconciler:
 
 
 class ReconcilerLoop:
-    """Reconciliation passes in the background; one process cluster-wide runs each pass."""
+    """Reconciliation passes in the background; per queue, one process cluster-wide runs
+    each pass (the lock is the queue's: every pool's runs are reconciled by its own)."""
 
     def __init__(
         self, client: redis.Redis, settings: Settings, publish: Publish, lock: str | None = None
@@ -162,8 +165,8 @@ class ReconcilerLoop:
         self.reconciler = Reconciler(client, settings, publish)
         self.interval = settings.reconcile_interval
         # Shorter than the interval, so the lock is free again when the next pass is due.
-        # ``lock``: another queue's own (a pass serves one queue's runs only).
-        lock = lock or reconciler_lock_key(settings.key_prefix)
+        # ``lock``: another queue's own (capture's queue has its own lock).
+        lock = lock or reconciler_lock_key(settings.key_prefix, settings.queue)
         self._lock = HeldLock(client, lock, self.interval * 0.9)
         self._ticker = Ticker("reconciler", self.interval, self._tick)
 

@@ -1,0 +1,156 @@
+"""What a worker may write to a run: its sample leases and, under them, a sample's progress.
+
+Every write that changes a sample's progress (answered turns, checkpoint, result, failure,
+release) is one script that checks the caller's lease token and that the sample is still
+pending, so a worker that lost its lease (paused past it, cut off) cannot overwrite the work
+of the one that took the sample over; a refusal is ``errors.LeaseLost`` at the caller.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Literal
+
+from common import errors, lua
+from common.models import Checkpoint, Failure, Sample, TurnResult
+from common.store.model_pin import ModelPin
+
+LeaseOutcome = Literal["ok", "done", "leased", "retired"]
+StoreOutcome = Literal["stored", "duplicate", "lease_lost"]
+_STORE_OUTCOMES: dict[int, StoreOutcome] = {1: "stored", 0: "duplicate", -1: "lease_lost"}
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A lease taken (or refused) and what generating the sample needs."""
+
+    outcome: LeaseOutcome
+    attempts: int = 0
+    sample: Sample | None = None  # None: no stored prompt (a broken run)
+    partial: list[TurnResult] = field(default_factory=list)
+    # The turn an earlier attempt was generating when it stopped, as far as it got.
+    checkpoint: Checkpoint | None = None
+
+    def resume_point(self) -> Checkpoint | None:
+        """The checkpoint, if it continues this very history: the next turn to answer, after
+        the answers it was generated on (one taken after other answers is discarded)."""
+        ckpt = self.checkpoint
+        if ckpt is None or ckpt.turn != len(self.partial):
+            return None
+        return ckpt if ckpt.extends(self.partial) else None
+
+
+class WorkerStore(ModelPin):
+    """A sample's lease and the fenced writes of its holder."""
+
+    def take(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> Taken:
+        """Take the lease on a sample and read what generating it needs, in one round trip.
+
+        ``retries`` is the message's own retry count: attempts beyond it are redeliveries.
+        """
+        k = self.keys
+        reply = self._script(lua.LEASE_TAKE)(
+            keys=[k.pending, k.leases, k.lease_owner, k.prompts, k.counters, k.reaped, k.retired],
+            args=[sample_id, owner, int(ttl_s * 1000), retries, k.attempts_field(sample_id),
+                  k.partial_field(sample_id), k.checkpoint_field(sample_id)],
+        )  # fmt: skip
+        if reply[0] != "ok":
+            return Taken(reply[0])
+        _, attempts, prompt, partial, ckpt = reply
+        return Taken(
+            "ok", int(attempts),
+            Sample.model_validate_json(prompt) if prompt else None,
+            [TurnResult.model_validate(t) for t in json.loads(partial)] if partial else [],
+            Checkpoint.model_validate_json(ckpt) if ckpt else None,
+        )  # fmt: skip
+
+    def acquire(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> LeaseOutcome:
+        """Take the lease on a sample: 'ok', or why not ('done', 'leased', 'retired')."""
+        return self.take(sample_id, owner, ttl_s, retries).outcome
+
+    def renew(self, held: list[tuple[str, str]], ttl_s: float) -> list[str]:
+        """Extend leases given as (id, owner); returns the ids no longer ours (taken by
+        another worker, finished, or given back)."""
+        if not held:
+            return []
+        args: list[str | int] = [int(ttl_s * 1000)]
+        for sample_id, owner in held:
+            args += [sample_id, owner]
+        k = self.keys
+        lost = self._script(lua.LEASE_RENEW)(
+            keys=[k.leases, k.lease_owner, k.pending, k.reaped], args=args
+        )
+        return [str(x) for x in lost]
+
+    def release(self, sample_id: str, owner: str) -> bool:
+        """Give a lease back (before a retry waits out its backoff); False: not ours."""
+        k = self.keys
+        return bool(
+            self._script(lua.LEASE_RELEASE)(
+                keys=[k.leases, k.lease_owner, k.reaped], args=[sample_id, owner]
+            )
+        )
+
+    def attempts(self, sample_id: str) -> int:
+        """How many times workers started on the sample since it was last (re)queued."""
+        return int(self.r.hget(self.keys.prompts, self.keys.attempts_field(sample_id)) or 0)
+
+    def save_partial(self, sample_id: str, token: str, turns: list[TurnResult]) -> None:
+        """Keep answered turns so a retry resumes at the first unanswered one; the
+        checkpoint of the turn just answered goes with it (done: not to be continued).
+        Raises ``LeaseLost`` unless ``token`` holds the lease of a still pending sample."""
+        k = self.keys
+        payload = json.dumps([t.model_dump() for t in turns], ensure_ascii=False)
+        written = self._script(lua.SAVE_PARTIAL)(
+            keys=[k.pending, k.lease_owner, k.prompts],
+            args=[sample_id, token, k.partial_field(sample_id), payload,
+                  k.checkpoint_field(sample_id)],
+        )  # fmt: skip
+        if not written:
+            raise errors.LeaseLost(f"answered turns of {sample_id} refused: the lease is not ours")
+
+    def save_checkpoint(self, sample_id: str, token: str, checkpoint: Checkpoint) -> bool:
+        """Keep the turn in progress while ``token`` holds the sample's lease; False: refused
+        (another worker holds it now, or the lease was reaped)."""
+        k = self.keys
+        written = self._script(lua.SAVE_CHECKPOINT)(
+            keys=[k.lease_owner, k.prompts],
+            args=[sample_id, token, k.checkpoint_field(sample_id), checkpoint.model_dump_json()],
+        )
+        return bool(written)
+
+    def checkpoint(self, sample_id: str) -> Checkpoint | None:
+        """The sample's checkpoint, if one is kept (for tests and tools; workers get it with
+        ``take``)."""
+        raw = self.r.hget(self.keys.prompts, self.keys.checkpoint_field(sample_id))
+        return Checkpoint.model_validate_json(raw) if raw else None
+
+    def store_result(
+        self, sample_id: str, record_json: str, completion_tokens: int, token: str
+    ) -> StoreOutcome:
+        """Store a finished record once and end our lease: 'stored', 'duplicate' (already
+        finished) or 'lease_lost' (the lease is not ours: taken over, or reaped)."""
+        k = self.keys
+        keys = [k.pending, k.results, k.ready, k.leases, k.lease_owner, k.prompts, k.counters,
+                k.reaped]  # fmt: skip
+        args: list[str | int] = [
+            sample_id, record_json, completion_tokens, token, k.attempts_field(sample_id),
+            k.partial_field(sample_id), k.checkpoint_field(sample_id),
+        ]  # fmt: skip
+        return _STORE_OUTCOMES[int(self._script(lua.STORE_RESULT)(keys=keys, args=args))]
+
+    def store_failure(self, sample_id: str, failure: Failure, token: str) -> StoreOutcome:
+        """Move a sample to the failed set with its reason, under our lease."""
+        k = self.keys
+        ckpt_field = k.checkpoint_field(sample_id)
+        outcome = self._script(lua.STORE_FAILURE)(
+            keys=[k.pending, k.failed, k.leases, k.lease_owner, k.counters, k.prompts, k.reaped],
+            args=[sample_id, failure.model_dump_json(), failure.kind, token, ckpt_field],
+        )
+        return _STORE_OUTCOMES[int(outcome)]
+
+    def incr(self, counter: str, amount: int = 1) -> None:
+        """Bump a run counter (retries, errors by class, wasted tokens); not on a retired run."""
+        k = self.keys
+        self._script(lua.INCR_COUNTER)(keys=[k.retired, k.counters], args=[counter, amount])
