@@ -19,6 +19,7 @@ from common import lua
 from common.errors import RunMismatch, RunRetired
 from common.keys import runs_key
 from common.store import ACCEPT_CHUNK, RunStore
+from common.store.producer import PRODUCER_BEAT_S
 
 SPEC_FIELD = "capture"
 BYTES_COUNTER = "capture_bytes"
@@ -74,10 +75,15 @@ class CaptureStore:
         k = self.keys
         fresh: list[bool] = []
         for start in range(0, len(refs), ACCEPT_CHUNK):
-            args: list[str] = []
+            # The generation script: it refuses a retired run and beats the producer's heart.
+            args: list[str | int] = ["capture-enqueue", int(PRODUCER_BEAT_S * 1000)]
             for ref in refs[start : start + ACCEPT_CHUNK]:
                 args += [str(ref.row), ref.model_dump_json()]
-            flags = self._accept(keys=[k.accepted, k.pending, k.prompts], args=args)
+            flags = self._accept(
+                keys=[k.accepted, k.pending, k.prompts, k.retired, k.producers], args=args
+            )
+            if flags == -1:
+                raise RunRetired(f"run {self.run!r} was retired while rows were enqueued")
             fresh += [bool(x) for x in flags]
         return fresh
 
@@ -85,7 +91,7 @@ class CaptureStore:
         """The row's lease and its ref, in one round trip (the generation script)."""
         k = self.keys
         reply = self._take(
-            keys=[k.pending, k.leases, k.lease_owner, k.prompts, k.counters],
+            keys=[k.pending, k.leases, k.lease_owner, k.prompts, k.counters, k.reaped, k.retired],
             args=[row_id, token, int(ttl_s * 1000), retries, k.attempts_field(row_id),
                   k.partial_field(row_id), k.checkpoint_field(row_id)],
         )  # fmt: skip
