@@ -123,6 +123,7 @@ class TurnStats(BaseModel):
     # Tokens of a checkpoint this turn could not continue (a server not proven to continue a
     # partial answer), so generated again from the start: wasted, never joined.
     discarded_tokens: int | None = None
+    discarded_from: str | None = None  # the endpoint that had generated those tokens
     # Why the server's ids were dropped (they disagreed with the text); not in records.
     token_ids_dropped: str | None = Field(default=None, exclude=True)
 

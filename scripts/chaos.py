@@ -441,7 +441,9 @@ def gpu_waste(
     generations of a prompt that ran to their end more than once. A frozen (SIGSTOPped) worker
     cannot cancel its requests, so the server finishes them into its socket while the sample's
     next holder continues from the checkpoint; and a result in Redis's last unsynced second
-    dies with it. What is left is what breaks cost: kills, stalls, dropped streams.
+    dies with it. Also apart: checkpoints set aside because the server that took the turn
+    over was not proven to continue them. What is left is what breaks cost: kills, stalls,
+    dropped streams.
     """
     generated = sum(int(e.get("completion_tokens") or 0) for e in events)
     turns = [t for r in records.values() for t in r["generation"]["turns"]]
@@ -452,6 +454,10 @@ def gpu_waste(
         if e.get("event") == "completed":
             finished.setdefault(e["key"], []).append(int(e.get("completion_tokens") or 0))
     twice = sum(sum(n) - max(n) for n in finished.values() if len(n) > 1)
+    # Checkpoints (of this server) that a server which cannot continue them took over: the
+    # cost of the continuation-ignoring server in the mix, not of breaks.
+    discarded = sum(t.get("discarded_tokens") or 0 for t in turns
+                    if endpoint is None or t.get("discarded_from") == endpoint)  # fmt: skip
 
     def pct(n: int) -> float | None:
         return round(100 * n / kept, 2) if kept else None
@@ -460,7 +466,8 @@ def gpu_waste(
         "tokens_generated": generated, "tokens_in_output": kept,
         "gpu_waste_pct": pct(generated - kept),
         "gpu_waste_pct_finished_twice": pct(twice),
-        "gpu_waste_pct_breaks": pct(generated - kept - twice),
+        "gpu_waste_pct_checkpoints_discarded": pct(discarded),
+        "gpu_waste_pct_breaks": pct(generated - kept - twice - discarded),
     }  # fmt: skip
 
 

@@ -256,6 +256,7 @@ class ChatClient:
         if resume is not None and resume.tokens > 0:
             # The checkpoint could not be continued: its tokens were generated again.
             result.discarded_tokens = resume.tokens
+            result.discarded_from = resume.endpoint
         return result
 
     def _fresh(
