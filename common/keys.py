@@ -151,6 +151,16 @@ class RunKeys:
         retry continues it instead of generating it again; written only by the lease holder."""
         return sample_id + CHECKPOINT_SUFFIX
 
+    def checkpoint_log(self, sample_id: str) -> str:
+        """String: what the turn in ``checkpoint_field(id)`` generated, appended save by save
+        (common/checkpoint_log.py); goes with that field."""
+        return self._key(f"ckpt:{sample_id}")
+
+    @property
+    def checkpoint_logs(self) -> str:
+        """The pattern (SCAN MATCH) of every checkpoint log of the run."""
+        return _glob_escape(self._key("ckpt:")) + "*"
+
     @property
     def results(self) -> str:
         """Hash id -> finished record JSON, until the collector has it on disk."""
@@ -219,3 +229,8 @@ class RunKeys:
             "collector_lock", "stats", "endpoint_stats",
         ]  # fmt: skip
         return [self._key(name) for name in names]
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by a Redis glob (SCAN MATCH)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

@@ -147,15 +147,28 @@ end
 return moved
 """
 
-# KEYS: lease_owner, prompts   ARGV: id, token, checkpoint field, checkpoint json
+# KEYS: lease_owner, prompts, checkpoint log
+# ARGV: id, token, checkpoint field, header ('' to append), piece, log length expected
 # Fenced: written only while ``token`` is the sample's lease owner. A worker paused past its
 # lease (SIGSTOP, a VM freeze) wakes up unable to overwrite the checkpoint of the worker that
 # took the sample over; a lease not yet taken over is still its own, so its newer progress
-# is kept. A lease with no owner (reaped) refuses too. Returns 1 written, 0 refused.
+# is kept. A lease with no owner (reaped) refuses too. With a header, the checkpoint starts
+# again: header and log replaced (common/checkpoint_log.py). Without one the piece is appended,
+# only if the log is as long as its writer last left it and its header is still there (else
+# something else wrote or cleared it since). Returns the log's length in bytes once written,
+# 0 refused (not the lease holder), -1 not appended (the caller saves it whole).
 SAVE_CHECKPOINT = """
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
-return 1
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+  redis.call('SET', KEYS[3], ARGV[5])
+  return redis.call('STRLEN', KEYS[3])
+end
+local head = redis.call('HGET', KEYS[2], ARGV[3])
+if not head or head == '' or redis.call('STRLEN', KEYS[3]) ~= tonumber(ARGV[6]) then
+  return -1
+end
+return redis.call('APPEND', KEYS[3], ARGV[5])
 """
 
 # The collector's scripts are fenced: they act only for the holder of the run's collector lock

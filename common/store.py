@@ -15,7 +15,8 @@ from typing import Literal
 
 import redis
 
-from common import errors, lua
+from common import checkpoint_log, errors, lua
+from common.checkpoint_store import CheckpointStore, StoreOutcome
 from common.errors import RunMismatch, RunRetired
 from common.keys import ATTEMPTS_SUFFIX, CHECKPOINT_SUFFIX, RunKeys, retired_runs_key, runs_key
 from common.locks import HeldLock
@@ -25,8 +26,6 @@ from common.redis_url import is_sentinel, sentinel_master_client
 # Explicit, whatever redis-py's default: no Redis command here may block for longer.
 SOCKET_TIMEOUT_S = 10.0
 LeaseOutcome = Literal["ok", "done", "leased"]
-StoreOutcome = Literal["stored", "duplicate", "lease_lost"]
-_STORE_OUTCOMES: dict[int, StoreOutcome] = {1: "stored", 0: "duplicate", -1: "lease_lost"}
 RetireOutcome = Literal["retired", "unfinished", "already"]
 _RETIRE_OUTCOMES: dict[int, RetireOutcome] = {1: "retired", 0: "unfinished", -1: "already"}
 
@@ -94,7 +93,7 @@ class RunCounts:
         }  # fmt: skip
 
 
-class RunStore:
+class RunStore(CheckpointStore):
     """One run's state in Redis."""
 
     def __init__(self, client: redis.Redis, prefix: str, run: str) -> None:
@@ -105,7 +104,7 @@ class RunStore:
         reg = client.register_script
         self._accept = reg(lua.ACCEPT)
         self._take = reg(lua.LEASE_TAKE)
-        self._save_checkpoint = reg(lua.SAVE_CHECKPOINT)
+        self._save_checkpoint = reg(lua.SAVE_CHECKPOINT)  # for CheckpointStore
         self._renew = reg(lua.LEASE_RENEW)
         self._release = reg(lua.LEASE_RELEASE)
         self._store_result = reg(lua.STORE_RESULT)
@@ -201,11 +200,13 @@ class RunStore:
         if reply[0] != "ok":
             return Taken(reply[0])
         _, attempts, prompt, partial, ckpt = reply
+        # The log is read only when there is a checkpoint to continue: rarely, after a break.
+        log = str(self.r.get(k.checkpoint_log(sample_id)) or "") if ckpt else None
         return Taken(
             "ok", int(attempts),
             Sample.model_validate_json(prompt) if prompt else None,
             [TurnResult.model_validate(t) for t in json.loads(partial)] if partial else [],
-            Checkpoint.model_validate_json(ckpt) if ckpt else None,
+            checkpoint_log.decode(ckpt or "", log),
         )  # fmt: skip
 
     def acquire(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> LeaseOutcome:
@@ -231,33 +232,6 @@ class RunStore:
         """How many times workers started on the sample since it was last (re)queued."""
         return int(self.r.hget(self.keys.prompts, self.keys.attempts_field(sample_id)) or 0)
 
-    def save_partial(self, sample_id: str, turns: list[TurnResult]) -> None:
-        """Keep answered turns so a retry resumes at the first unanswered one.
-
-        The checkpoint of the turn just answered is emptied in the same HSET (one command,
-        as before checkpoints): it is done, and a retry must not continue it again.
-        """
-        k = self.keys
-        payload = json.dumps([t.model_dump() for t in turns], ensure_ascii=False)
-        self.r.hset(k.prompts, mapping={k.partial_field(sample_id): payload,
-                                        k.checkpoint_field(sample_id): ""})  # fmt: skip
-
-    def save_checkpoint(self, sample_id: str, token: str, checkpoint: Checkpoint) -> bool:
-        """Keep the turn in progress while ``token`` holds the sample's lease; False: refused
-        (another worker holds it now, or the lease was reaped)."""
-        k = self.keys
-        written = self._save_checkpoint(
-            keys=[k.lease_owner, k.prompts],
-            args=[sample_id, token, k.checkpoint_field(sample_id), checkpoint.model_dump_json()],
-        )
-        return bool(written)
-
-    def checkpoint(self, sample_id: str) -> Checkpoint | None:
-        """The sample's checkpoint, if one is kept (for tests and tools; workers get it with
-        ``take``)."""
-        raw = self.r.hget(self.keys.prompts, self.keys.checkpoint_field(sample_id))
-        return Checkpoint.model_validate_json(raw) if raw else None
-
     def store_result(
         self, sample_id: str, record_json: str, completion_tokens: int, token: str = ""
     ) -> StoreOutcome:
@@ -269,17 +243,18 @@ class RunStore:
             sample_id, record_json, completion_tokens, token, k.attempts_field(sample_id),
             k.partial_field(sample_id), k.checkpoint_field(sample_id),
         ]  # fmt: skip
-        return _STORE_OUTCOMES[int(self._store_result(keys=keys, args=args))]
+        return self._ending(sample_id, lambda pipe: self._store_result(keys=keys, args=args,
+                                                                       client=pipe))  # fmt: skip
 
     def store_failure(self, sample_id: str, failure: Failure, token: str = "") -> StoreOutcome:
         """Move a sample to the failed set with its reason, unless another worker holds it."""
         k = self.keys
         ckpt_field = k.checkpoint_field(sample_id)
-        outcome = self._store_failure(
+        return self._ending(sample_id, lambda pipe: self._store_failure(
             keys=[k.pending, k.failed, k.leases, k.lease_owner, k.counters, k.prompts],
             args=[sample_id, failure.model_dump_json(), failure.kind, token, ckpt_field],
-        )
-        return _STORE_OUTCOMES[int(outcome)]
+            client=pipe,
+        ))  # fmt: skip
 
     def incr(self, counter: str, amount: int = 1) -> None:
         """Bump a run counter (retries, errors by class, wasted tokens)."""
@@ -431,6 +406,8 @@ class RunStore:
         keys = [k.retired, *checked, *others]
         code = int(self._retire(keys=keys, args=[summary, int(force)]))
         outcome = _RETIRE_OUTCOMES[code]
+        if outcome == "retired":
+            self.drop_checkpoint_logs()  # of samples left unfinished (force)
         if outcome != "unfinished":
             self.r.srem(runs_key(self.prefix), self.run)
             self.r.sadd(retired_runs_key(self.prefix), self.run)
@@ -460,6 +437,7 @@ class RunStore:
     def delete(self) -> None:
         """Remove every key of the run."""
         self.r.delete(*self.keys.all_keys())
+        self.drop_checkpoint_logs()
         self.r.srem(runs_key(self.prefix), self.run)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from common import checkpoint_log
 from common.models import Checkpoint, Failure, GenParams, Sample, SourceRef, TurnResult, Usage
 from common.store import Taken
 
@@ -56,6 +57,7 @@ class FakeStore:
     leases: dict[str, str] = field(default_factory=dict)
     partial: dict[str, list[TurnResult]] = field(default_factory=dict)
     checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
+    checkpoint_logs: dict[str, tuple[str, str]] = field(default_factory=dict)  # header, log
     results: dict[str, str] = field(default_factory=dict)
     failed: dict[str, Failure] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
@@ -98,11 +100,24 @@ class FakeStore:
         self.partial[sample_id] = list(turns)
         self.checkpoints.pop(sample_id, None)
 
-    def save_checkpoint(self, sample_id: str, token: str, checkpoint: Checkpoint) -> bool:
+    def save_checkpoint(
+        self, sample_id: str, token: str, header: str, piece: str, log_bytes: int = 0
+    ) -> int:
+        """SAVE_CHECKPOINT's rules; the header is there while ``checkpoints`` names the id."""
         if self.leases.get(sample_id) != token:
-            return False
-        self.checkpoints[sample_id] = checkpoint
-        return True
+            return 0
+        if header:
+            self.checkpoint_logs[sample_id] = (header, piece)
+        else:
+            head, log = self.checkpoint_logs.get(sample_id, ("", ""))
+            if sample_id not in self.checkpoints or len(log.encode()) != log_bytes:
+                return -1
+            self.checkpoint_logs[sample_id] = (head, log + piece)
+        head, log = self.checkpoint_logs[sample_id]
+        found = checkpoint_log.decode(head, log)
+        assert found is not None
+        self.checkpoints[sample_id] = found
+        return len(log.encode())
 
     def store_result(
         self, sample_id: str, record_json: str, completion_tokens: int, token: str = ""
