@@ -40,6 +40,7 @@ class CheckpointStore:
         pipe.hset(k.prompts, mapping={k.partial_field(sample_id): payload,
                                       k.checkpoint_field(sample_id): ""})  # fmt: skip
         pipe.delete(k.checkpoint_log(sample_id))
+        pipe.hdel(k.requests, sample_id)  # the turn's request is over: nothing to abort
         pipe.execute()
 
     def save_checkpoint(
@@ -74,13 +75,14 @@ class CheckpointStore:
         return {i: c for i, c in found.items() if c is not None}
 
     def _ending(self, sample_id: str, script: Callable[[Pipeline], object]) -> StoreOutcome:
-        """Run a script that ends the sample's turn in progress and drop its checkpoint log in
-        the same transaction. Also when refused: the holder then finds the log not as it left
-        it and saves its checkpoint whole again."""
+        """Run a script that ends the sample's turn in progress and drop its checkpoint log and
+        running request in the same transaction. Also when refused: the holder then finds the
+        log not as it left it and saves its checkpoint whole again."""
         pipe = self.r.pipeline(transaction=True)
         script(pipe)
         pipe.delete(self.keys.checkpoint_log(sample_id))
-        outcome, _ = pipe.execute()
+        pipe.hdel(self.keys.requests, sample_id)
+        outcome, _, _ = pipe.execute()
         return _STORE_OUTCOMES[int(outcome)]
 
     def drop_checkpoint_logs(self) -> None:

@@ -71,6 +71,11 @@ class EndpointKeys:
         return self._key("drained")
 
     @property
+    def abort_support(self) -> str:
+        """Hash endpoint -> JSON: whether it aborts requests by id, learned once, and why."""
+        return self._key("abort_support")
+
+    @property
     def rpm(self) -> str:
         """GCRA state of the cluster-wide requests/min limit."""
         return self._key("rpm")
@@ -192,6 +197,12 @@ class RunKeys:
         return self._key("lease_owner")
 
     @property
+    def requests(self) -> str:
+        """Hash id -> JSON of the request its lease holder has running (endpoint, the server's
+        own request id), so that whoever takes the lease over can abort it."""
+        return self._key("requests")
+
+    @property
     def counters(self) -> str:
         """Hash of run counters (written, retries, tokens, errors by class)."""
         return self._key("counters")
@@ -225,7 +236,7 @@ class RunKeys:
         """Every key of the run (for deletion)."""
         names = [
             "meta", "accepted", "pending", "prompts", "results",
-            "ready", "collecting", "failed", "leases", "lease_owner", "counters",
+            "ready", "collecting", "failed", "leases", "lease_owner", "requests", "counters",
             "collector_lock", "stats", "endpoint_stats",
         ]  # fmt: skip
         return [self._key(name) for name in names]

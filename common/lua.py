@@ -171,6 +171,25 @@ end
 return redis.call('APPEND', KEYS[3], ARGV[5])
 """
 
+# KEYS: lease_owner, requests   ARGV: id, token, request json
+# The request a lease holder has running, kept for whoever takes the lease over (it aborts it
+# on the server). Fenced like a checkpoint: a worker paused past its lease cannot name its
+# stale request as the sample's current one. Returns 1 written, 0 refused.
+SAVE_REQUEST = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+return 1
+"""
+
+# KEYS: requests   ARGV: id, token   returns the sample's running request if ``token`` sent
+# it (and removes it), else nil: a request someone else already popped is theirs to abort.
+POP_OWN_REQUEST = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw or cjson.decode(raw)['token'] ~= ARGV[2] then return false end
+redis.call('HDEL', KEYS[1], ARGV[1])
+return raw
+"""
+
 # The collector's scripts are fenced: they act only for the holder of the run's collector lock
 # (ARGV[1] must be the lock's value). A collector paused past its lock (a VM freeze, a stuck
 # disk) wakes up unable to take or delete what its successor is writing.

@@ -22,6 +22,7 @@ from common.keys import ATTEMPTS_SUFFIX, CHECKPOINT_SUFFIX, RunKeys, retired_run
 from common.locks import HeldLock
 from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
 from common.redis_url import is_sentinel, sentinel_master_client
+from common.request_store import RequestStore
 
 # Explicit, whatever redis-py's default: no Redis command here may block for longer.
 SOCKET_TIMEOUT_S = 10.0
@@ -93,7 +94,7 @@ class RunCounts:
         }  # fmt: skip
 
 
-class RunStore(CheckpointStore):
+class RunStore(CheckpointStore, RequestStore):
     """One run's state in Redis."""
 
     def __init__(self, client: redis.Redis, prefix: str, run: str) -> None:
@@ -105,6 +106,8 @@ class RunStore(CheckpointStore):
         self._accept = reg(lua.ACCEPT)
         self._take = reg(lua.LEASE_TAKE)
         self._save_checkpoint = reg(lua.SAVE_CHECKPOINT)  # for CheckpointStore
+        self._save_request = reg(lua.SAVE_REQUEST)  # for RequestStore
+        self._pop_own_request = reg(lua.POP_OWN_REQUEST)
         self._renew = reg(lua.LEASE_RENEW)
         self._release = reg(lua.LEASE_RELEASE)
         self._store_result = reg(lua.STORE_RESULT)

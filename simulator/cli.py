@@ -103,6 +103,14 @@ def simulate(
         int, Opt(help="Tokens sent before a mid-stream fault (0: a random cut point).")
     ] = _DEFAULTS.cut_at,
     seed: Annotated[int, Opt(help="Seed of the fault draws.")] = _DEFAULTS.seed,
+    abort_requests: Annotated[
+        bool,
+        Opt(
+            "--abort-requests/--no-abort-requests",
+            help="Serve POST /inference/v1/abort_requests (stops the named generations); "
+            "--no-abort-requests answers 403, as vLLM does without --enable-scale-out.",
+        ),
+    ] = _DEFAULTS.abort_requests,
     log_path: Annotated[
         Path | None, Opt("--log", "--log-path", help="JSONL file, one line per generation end.")
     ] = _DEFAULTS.log_path,
@@ -135,6 +143,7 @@ def simulate(
             disconnect_first=disconnect_first,
             cut_at=cut_at,
             seed=seed,
+            abort_requests=abort_requests,
             log_path=log_path,
         )
     except ValidationError as exc:

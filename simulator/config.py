@@ -39,6 +39,9 @@ class SimConfig(BaseModel):
     disconnect_first: int = Field(default=0, ge=0)
     cut_at: int = Field(default=0, ge=0)  # tokens sent before a mid-stream fault; 0 = random
     seed: int = 0
+    # POST /inference/v1/abort_requests stops the named generations; False: 403, as vLLM
+    # answers without --enable-scale-out.
+    abort_requests: bool = True
     log_path: Path | None = None  # JSONL, one line per generation end
 
     @model_validator(mode="after")

@@ -14,6 +14,7 @@ from typing import Any
 
 from common import checkpoint_log
 from common.models import Checkpoint, Failure, GenParams, Sample, SourceRef, TurnResult, Usage
+from common.request_store import RequestRef
 from common.store import Taken
 
 
@@ -58,6 +59,7 @@ class FakeStore:
     partial: dict[str, list[TurnResult]] = field(default_factory=dict)
     checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
     checkpoint_logs: dict[str, tuple[str, str]] = field(default_factory=dict)  # header, log
+    requests: dict[str, RequestRef] = field(default_factory=dict)  # running, by sample
     results: dict[str, str] = field(default_factory=dict)
     failed: dict[str, Failure] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
@@ -118,6 +120,19 @@ class FakeStore:
         assert found is not None
         self.checkpoints[sample_id] = found
         return len(log.encode())
+
+    def record_request(self, sample_id: str, ref: RequestRef) -> bool:
+        if self.leases.get(sample_id) != ref.token:
+            return False
+        self.requests[sample_id] = ref
+        return True
+
+    def pop_own_request(self, sample_id: str, token: str) -> RequestRef | None:
+        ref = self.requests.get(sample_id)
+        return self.requests.pop(sample_id) if ref is not None and ref.token == token else None
+
+    def pop_requests(self, ids: list[str]) -> dict[str, RequestRef]:
+        return {i: self.requests.pop(i) for i in ids if i in self.requests}
 
     def store_result(
         self, sample_id: str, record_json: str, completion_tokens: int, token: str = ""

@@ -274,7 +274,9 @@ def test_resume_off_neither_continues_nor_saves():
     store.checkpoints["a"] = ckpt(100)
     proc, client, _ = _processor(store, turn("whole"), resume="off")
     assert proc.process("r", "a") == "done"
-    assert client.options[0]["resume"] is None and client.options[0]["progress"] is None
+    progress = client.options[0]["progress"]  # its requests are still named, to abort them
+    assert client.options[0]["resume"] is None and progress.checkpoints is None
+    assert not progress.due(10_000)
     assert "a" not in store.checkpoints
 
 

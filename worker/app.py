@@ -16,6 +16,7 @@ from celery import Celery, signals
 from common.settings import Settings
 from common.store import RunStores, connect
 from worker import kombu_fix
+from worker.aborts import Aborter
 from worker.clock_watch import ClockWatch
 from worker.config import celery_config
 from worker.endpoints import EndpointPool
@@ -37,10 +38,11 @@ class WorkerParts:
         self.leases = LeaseKeeper(self.stores, settings.lease_ttl)
         self.endpoints = EndpointPool.build(settings, self.redis)
         self.observer = Observer(self.redis, settings, self.leases.count)
+        self.aborter = Aborter(self.redis, settings, self.observer.metrics.abort)
         self.processor = SampleProcessor(
-            settings, self.stores, self.endpoints, self.leases, self.observer
+            settings, self.stores, self.endpoints, self.leases, self.observer, self.aborter
         )
-        self.reconciler = ReconcilerLoop(self.redis, settings, hand_back)
+        self.reconciler = ReconcilerLoop(self.redis, settings, hand_back, self.aborter)
         self.clock = ClockWatch(self.redis, settings)
 
     def start_generating(self) -> None:

@@ -32,6 +32,7 @@ from common.models import Checkpoint, GenParams, TurnResult
 from common.settings import Settings
 from worker import transport
 from worker.reasoning import partial_message
+from worker.request_ids import new_request_id
 from worker.stream import CompletionStream, TurnStream
 
 Messages = list[dict[str, Any]]
@@ -42,12 +43,15 @@ class Progress(Protocol):
     """Where a streaming turn's checkpoints go (the worker saves them under the sample's lease).
 
     ``due`` is asked after every network read, so it must be cheap; ``tokens`` is the turn's
-    total so far, what it resumed from included (as ``Checkpoint.tokens``).
+    total so far, what it resumed from included (as ``Checkpoint.tokens``). ``started`` is told
+    each request's own id on the server once its first chunk names it (to abort it later).
     """
 
     def due(self, tokens: int) -> bool: ...
 
     def save(self, checkpoint: Checkpoint) -> None: ...
+
+    def started(self, endpoint: str, server_id: str) -> None: ...
 
 
 @contextmanager
@@ -293,10 +297,13 @@ class ChatClient:
     ) -> TurnResult:  # fmt: skip
         started = time.monotonic()
         deadline = started + self._settings.max_request_time
+        # The server builds its own request id from ours (vLLM: chatcmpl-<X-Request-Id>).
+        headers = {"X-Request-Id": new_request_id()}
+        unnamed = progress is not None  # the request's server id not yet handed to progress
         try:
             with (
                 translate_errors(self.endpoint),
-                self._http.stream("POST", url, content=body) as response,
+                self._http.stream("POST", url, content=body, headers=headers) as response,
             ):
                 if response.status_code != 200:
                     raise status_error(response.status_code, response.read(), self.endpoint)
@@ -304,6 +311,9 @@ class ChatClient:
                 # connection, and every request would pay a new one (the server too).
                 for data in response.iter_raw():
                     stream.feed(data)
+                    if unnamed and stream.server_id and progress is not None:
+                        unnamed = False
+                        progress.started(self.endpoint, stream.server_id)
                     if check is not None:
                         check()
                     if progress is not None and progress.due(stream.resumed + stream.tokens()):

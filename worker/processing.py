@@ -25,8 +25,9 @@ from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
 from common.redact import redact
 from common.settings import Settings
 from common.store import RunStore, Taken
+from worker.aborts import Aborter, TurnRequests
 from worker.checkpoints import TurnCheckpoints
-from worker.client import Messages
+from worker.client import Messages, Progress
 from worker.generate import answer_turns, build_record
 from worker.leases import LeaseKeeper
 from worker.observe import Observer
@@ -41,7 +42,7 @@ class TurnClient(Protocol):
 
     def complete(
         self, messages: Messages, params: GenParams, check: Check | None = None, *,
-        turn: int = 0, resume: Checkpoint | None = None, progress: TurnCheckpoints | None = None,
+        turn: int = 0, resume: Checkpoint | None = None, progress: Progress | None = None,
     ) -> TurnResult:  # fmt: skip
         """Generate turn ``turn``, continuing ``resume``; checkpoints go to ``progress``."""
         ...
@@ -64,6 +65,7 @@ class Turn:
     index: int
     resume: Checkpoint | None = None
     progress: TurnCheckpoints | None = None  # None: EAGLEGEN_RESUME=off, no checkpoints
+    requests: TurnRequests | None = None  # its requests, kept beside the lease to abort
 
 
 def _keep_break_point(exc: errors.GenerationError, progress: TurnCheckpoints | None) -> None:
@@ -82,9 +84,10 @@ class SampleProcessor:
 
     def __init__(
         self, settings: Settings, store: Callable[[str], RunStore], endpoints: Endpoints,
-        leases: LeaseKeeper, observer: Observer,
+        leases: LeaseKeeper, observer: Observer, aborter: Aborter | None = None,
     ) -> None:  # fmt: skip
         self.settings = settings
+        self.aborter = aborter  # None: orphaned requests are not aborted
         self.store = store
         self.endpoints = endpoints
         self.leases = leases
@@ -131,6 +134,10 @@ class SampleProcessor:
             log.debug("skip %s/%s: %s", store.run, sample_id, taken.outcome)
             return f"skipped:{taken.outcome}"
         cancelled = self.leases.hold(store.run, sample_id, token)
+        if taken.attempts > 1 and self.aborter is not None:
+            # Taken over: the previous holder's request may still be generating (paused, cut
+            # off from Redis); nothing will read it.
+            self.aborter.reaped(store, [sample_id], "lease taken over")
         try:
             return self._generate(store, sample_id, taken, token, cancelled)
         except BaseException:
@@ -192,7 +199,10 @@ class SampleProcessor:
             progress = None
             if resuming:
                 progress = TurnCheckpoints(store, sample_id, token, self.settings, resume)
-            turn = Turn(index, resume, progress)
+            base = resume.tokens if resume is not None else 0
+            requests = TurnRequests(store, sample_id, token, self.aborter, progress,
+                                    params.max_tokens, base)  # fmt: skip
+            turn = Turn(index, resume, progress, requests)
             result = self._call(store.run, messages, params, check, hint, turn)
             hint, resume, index = hint.after(result.endpoint), None, index + 1
             return result
@@ -216,10 +226,12 @@ class SampleProcessor:
             with self.endpoints.borrow(check, hint) as client:
                 result = client.complete(
                     messages, params, check, turn=turn.index, resume=turn.resume,
-                    progress=turn.progress,
+                    progress=turn.requests,
                 )  # fmt: skip
         except errors.GenerationError as exc:
             _keep_break_point(exc, turn.progress)
+            if turn.requests is not None:
+                turn.requests.gave_up(exc.checkpoint, exc.kind)
             self.observer.error(run, exc)
             raise
         self.observer.turn(run, result)

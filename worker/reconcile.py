@@ -32,6 +32,7 @@ from common.keys import reconciler_lock_key
 from common.locks import HeldLock
 from common.settings import Settings
 from common.store import RunStore
+from worker.aborts import Aborter
 from worker.broker_scan import MessageRef, queued_count, queued_refs, unacked_refs
 from worker.ticker import Ticker
 
@@ -54,6 +55,7 @@ class RunReport:
     republished: list[str] = field(default_factory=list)
     results_relisted: list[str] = field(default_factory=list)
     queue_scanned: bool = True
+    aborted: int = 0  # requests of reaped leases aborted on their server
 
     @property
     def fixed(self) -> int:
@@ -64,7 +66,8 @@ class RunReport:
         """One line for logs and the CLI."""
         return (
             f"run {self.run}: pending {self.pending}, expired leases "
-            f"{len(self.expired_leases)}, re-enqueued {len(self.republished)}, results "
+            f"{len(self.expired_leases)} ({self.aborted} requests aborted), re-enqueued "
+            f"{len(self.republished)}, results "
             f"re-listed for the collector {len(self.results_relisted)}"
             + ("" if self.queue_scanned else " (queue too long to scan: lost messages later)")
         )
@@ -88,10 +91,15 @@ def lost_samples(
 class Reconciler:
     """Runs reconciliation passes over every run (or one)."""
 
-    def __init__(self, client: redis.Redis, settings: Settings, publish: Publish) -> None:
+    def __init__(
+        self, client: redis.Redis, settings: Settings, publish: Publish,
+        aborter: Aborter | None = None,
+    ) -> None:  # fmt: skip
         self.r = client
         self.settings = settings
         self.publish = publish
+        # The requests of reaped leases are aborted: their holders no longer read them.
+        self.aborter = aborter if aborter is not None else Aborter(client, settings)
         self._suspects: dict[str, set[str]] = {}  # run -> lost in the previous pass
 
     def run_once(self, runs: list[str] | None = None, keep: Keep = _always) -> list[RunReport]:
@@ -129,6 +137,8 @@ class Reconciler:
     ) -> RunReport:  # fmt: skip
         store = RunStore(self.r, self.settings.key_prefix, run)
         report = RunReport(run, expired_leases=store.reap_expired_leases(), queue_scanned=scanned)
+        if report.expired_leases:
+            report.aborted = self.aborter.reaped(store, report.expired_leases)
         pending = self._candidates(store, report, refs)
         if pending:
             lost = lost_samples(
@@ -156,8 +166,11 @@ class Reconciler:
 class ReconcilerLoop:
     """Reconciliation passes in the background; one process cluster-wide runs each pass."""
 
-    def __init__(self, client: redis.Redis, settings: Settings, publish: Publish) -> None:
-        self.reconciler = Reconciler(client, settings, publish)
+    def __init__(
+        self, client: redis.Redis, settings: Settings, publish: Publish,
+        aborter: Aborter | None = None,
+    ) -> None:  # fmt: skip
+        self.reconciler = Reconciler(client, settings, publish, aborter)
         self.interval = settings.reconcile_interval
         # Shorter than the interval, so the lock is free again when the next pass is due.
         lock = reconciler_lock_key(settings.key_prefix)

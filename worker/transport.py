@@ -113,8 +113,9 @@ class Connections:
 
     @contextmanager
     def stream(
-        self, method: str, url: str, content: bytes | None = None, timeout: float | None = None
-    ) -> Iterator[Response]:
+        self, method: str, url: str, content: bytes | None = None, timeout: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Iterator[Response]:  # fmt: skip
         """Send a request; the response is read inside the block.
 
         The connection goes back to the pool if the body was read to its end, else it is
@@ -123,7 +124,8 @@ class Connections:
         conn = self._acquire(timeout)
         response = None
         try:
-            response = Response(self._send(conn, method, urlsplit(url).path, content))
+            sent = {**self._headers, **headers} if headers else self._headers
+            response = Response(self._send(conn, method, urlsplit(url).path, content, sent))
             yield response
         finally:
             # A body read to its end leaves the connection clean, even when the caller then
@@ -147,10 +149,11 @@ class Connections:
             conn.close()
 
     def _send(
-        self, conn: http.client.HTTPConnection, method: str, path: str, content: bytes | None
-    ) -> http.client.HTTPResponse:
+        self, conn: http.client.HTTPConnection, method: str, path: str, content: bytes | None,
+        headers: dict[str, str],
+    ) -> http.client.HTTPResponse:  # fmt: skip
         try:
-            conn.request(method, path, content, self._headers)
+            conn.request(method, path, content, headers)
         except TimeoutError as exc:
             raise ConnectTimeout(f"timed out sending the request: {exc}") from exc
         except (OSError, http.client.HTTPException) as exc:
