@@ -43,10 +43,17 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
         # Turns continued from a checkpoint, and the tokens they did not generate again.
         "resumed_turns": snap.resumed_turns,
         "resumed_tokens": snap.resumed_tokens,
+        # Orphaned requests aborted on their server, and what they had left of max_tokens.
+        **_aborts(store),
     }
     data["endpoints"] = _endpoints(store, settings, snap.endpoints)
     data["clocks_off"] = _clocks_off(store, settings)
     return data
+
+
+def _aborts(store: RunStore) -> dict[str, int]:
+    aborted, saved = store.r.hmget(store.keys.counters, ["aborted", "abort_saved_tokens"])
+    return {"aborted_requests": int(aborted or 0), "abort_saved_tokens": int(saved or 0)}
 
 
 def _clocks_off(store: RunStore, settings: Settings) -> dict[str, float]:
@@ -70,6 +77,7 @@ def _eta(counts: RunCounts, snap: Snapshot, data: dict[str, Any], settings: Sett
 def _endpoints(
     store: RunStore, settings: Settings, stats: dict[str, dict[str, float]]
 ) -> dict[str, dict[str, Any]]:
+    from worker.aborts import AbortSupport
     from worker.capacity import SlotTable
 
     caps = {url: settings.cap_for(url) for url in settings.endpoints}
@@ -78,6 +86,9 @@ def _endpoints(
     for view in table.snapshot():
         out[view.endpoint] = {"in_flight": view.inflight, "cap": view.cap,
                               "drained": view.drained}  # fmt: skip
+    for url, abort in AbortSupport.shown(store.r, settings.key_prefix).items():
+        if url in out or url in settings.endpoints:
+            out.setdefault(url, {})["abort"] = abort
     for url, state in table.health().items():
         entry = out.setdefault(url, {})
         entry["state"] = state.get("state", "-")
@@ -143,6 +154,9 @@ def _main_table(d: dict[str, Any]) -> Group:
     dist.add_row("tokens kept / wasted", str(g["kept_tokens"]), str(g["wasted_tokens"]))
     if g["resumed_turns"]:
         dist.add_row("turns / tokens resumed", str(g["resumed_turns"]), str(g["resumed_tokens"]))
+    if g["aborted_requests"]:
+        dist.add_row("requests aborted / tokens saved ≤", str(g["aborted_requests"]),
+                     str(g["abort_saved_tokens"]))  # fmt: skip
     outer = Table.grid(padding=(0, 4))
     outer.add_row(rates, dist)
     return Group(t, outer)
@@ -157,12 +171,12 @@ def _errors_table(d: dict[str, Any]) -> Table:
 
 def _endpoint_table(d: dict[str, Any]) -> Table:
     t = Table("endpoint", "state", "in flight", "cap", "requests", "tokens", "error rate",
-              "mean s", "cache hits", box=None, header_style="bold")  # fmt: skip
+              "mean s", "cache hits", "abort", box=None, header_style="bold")  # fmt: skip
     for url, e in sorted(d["endpoints"].items()):
         cap = str(e.get("cap", "-")) + (" (drained)" if e.get("drained") else "")
         t.add_row(url, _state(e), str(e.get("in_flight", "-")), cap, str(e.get("requests", 0)),
                   str(e.get("tokens", 0)), _num(e.get("error_rate")),
-                  _num(e.get("mean_latency_s")), _hit_rate(e))  # fmt: skip
+                  _num(e.get("mean_latency_s")), _hit_rate(e), e.get("abort", "-"))  # fmt: skip
     return t
 
 

@@ -109,6 +109,8 @@ class RunCollector(Collector):
         snap = read_snapshot(self.r, store.keys)
         tokens.add_metric([store.run, "kept"], counts.completion_tokens)
         tokens.add_metric([store.run, "wasted"], snap.wasted_tokens)
+        saved = store.r.hget(store.keys.counters, "abort_saved_tokens")
+        tokens.add_metric([store.run, "abort_saved"], int(saved or 0))
         retries.add_metric([store.run], counts.retries)
 
 

@@ -44,6 +44,13 @@ def abort_url(endpoint: str) -> str:
     return base.removesuffix("/v1") + ROUTE
 
 
+def abort_ids(server_id: str) -> list[str]:
+    """The ids to abort for a request whose chunks carry ``server_id``. vLLM's engine knows a
+    chat request by its chunk id, but a /v1/completions one by the chunk id plus ``-<prompt
+    index>`` (``cmpl-<X-Request-Id>-0``: one prompt); ids a server does not know are ignored."""
+    return [server_id, f"{server_id}-0"] if server_id.startswith("cmpl-") else [server_id]
+
+
 def saved_tokens(ref: RequestRef, checkpoint: Checkpoint | None) -> int:
     """At most how many tokens an abort of ``ref`` saves: what it had left of max_tokens
     after the tokens its turn's checkpoint shows (the server may have generated more)."""
@@ -77,10 +84,15 @@ class AbortSupport:
         self.r.hset(self.key, endpoint, json.dumps(entry))
 
     @staticmethod
-    def table(client: redis.Redis, prefix: str) -> dict[str, dict[str, object]]:
-        """Every endpoint's learned support (for ``status`` and ``endpoints list``)."""
+    def shown(client: redis.Redis, prefix: str) -> dict[str, str]:
+        """Each endpoint's support as ``status`` and ``endpoints list`` show it: "on", or
+        "abort off: start vLLM with --enable-scale-out (HTTP 403)"; absent: not tried yet."""
         raw = client.hgetall(EndpointKeys(prefix).abort_support)
-        return {str(e): json.loads(str(v)) for e, v in raw.items()}
+        out = {}
+        for endpoint, value in raw.items():
+            entry = json.loads(str(value))
+            out[str(endpoint)] = "on" if entry["on"] else f"{HINT} ({entry['why']})"
+        return out
 
 
 Counted = Callable[[str, int], None]  # (endpoint, tokens saved at most): one abort
@@ -133,23 +145,37 @@ class Aborter:
             log.info("abort of %s on %s failed: %s", ref.server_id, ref.endpoint, exc)
             return False
 
+    def probe(self, endpoint: str) -> bool | None:
+        """Learn whether ``endpoint`` aborts (an abort of no request), unless known already."""
+        known = self.support.get(endpoint)
+        if known is not None:
+            return known
+        try:
+            return self._send(endpoint, [])
+        except (httpx.HTTPError, redis.RedisError) as exc:
+            log.info("abort support of %s not learned yet: %s", endpoint, exc)
+            return None
+
     def _post(self, ref: RequestRef, why: str) -> bool:
-        body = {"request_ids": [ref.server_id]}
-        answer = httpx.post(abort_url(ref.endpoint), json=body, headers=self._headers,
-                            timeout=TIMEOUT_S)  # fmt: skip
+        if not self._send(ref.endpoint, abort_ids(ref.server_id)):
+            return False
+        log.info("aborted %s on %s (%s)", ref.server_id, ref.endpoint, why)
+        return True
+
+    def _send(self, endpoint: str, ids: list[str]) -> bool:
+        answer = httpx.post(abort_url(endpoint), json={"request_ids": ids},
+                            headers=self._headers, timeout=TIMEOUT_S)  # fmt: skip
         if answer.status_code in (403, 404, 405):
             # vLLM without --enable-scale-out (403), or a server without the route.
-            self.support.learn(ref.endpoint, False, f"HTTP {answer.status_code}: {HINT}")
-            log.warning("%s does not abort requests (HTTP %d); %s", ref.endpoint,
+            self.support.learn(endpoint, False, f"HTTP {answer.status_code}")
+            log.warning("%s does not abort requests (HTTP %d); %s", endpoint,
                         answer.status_code, HINT)  # fmt: skip
             return False
         if answer.status_code != 200:
-            log.info("abort of %s on %s: HTTP %d", ref.server_id, ref.endpoint,
-                     answer.status_code)  # fmt: skip
+            log.info("abort on %s: HTTP %d", endpoint, answer.status_code)
             return False
-        if self.support.get(ref.endpoint) is None:
-            self.support.learn(ref.endpoint, True, "abort_requests answered 200")
-        log.info("aborted %s on %s (%s)", ref.server_id, ref.endpoint, why)
+        if self.support.get(endpoint) is None:
+            self.support.learn(endpoint, True, "abort_requests answered 200")
         return True
 
 

@@ -33,6 +33,7 @@ class WorkerParts:
     """One worker process's parts, wired; threads start in ``start()``, not here."""
 
     def __init__(self, settings: Settings, hand_back: Any) -> None:
+        self.settings = settings
         self.redis: redis.Redis = connect(settings.redis_url, settings.redis_sentinel_master)
         self.stores = RunStores(self.redis, settings.key_prefix)
         self.leases = LeaseKeeper(self.stores, settings.lease_ttl)
@@ -54,9 +55,16 @@ class WorkerParts:
     def start(self) -> None:
         """Everything, once the worker is ready: also reconciliation, metrics and the summary."""
         self.start_generating()
+        # Whether each endpoint aborts requests, learned before an orphan needs it (status
+        # shows it); off the start-up path: a server still starting answers later.
+        threading.Thread(target=self._probe_aborts, name="abort-probe", daemon=True).start()
         self.observer.start()
         self.reconciler.start()
         self.clock.start()
+
+    def _probe_aborts(self) -> None:
+        for endpoint in self.settings.endpoints:
+            self.aborter.probe(endpoint)
 
     def close(self) -> None:
         """Stop every thread, give back endpoint slots, close connections."""
