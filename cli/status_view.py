@@ -43,6 +43,9 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
         # Turns continued from a checkpoint, and the tokens they did not generate again.
         "resumed_turns": snap.resumed_turns,
         "resumed_tokens": snap.resumed_tokens,
+        # Checkpoints dropped because the server was not proven to continue them (their
+        # tokens are in wasted_tokens: the turns started again rather than be corrupted).
+        "discarded_checkpoints": snap.discarded_checkpoints,
         # Orphaned requests aborted on their server, and what they had left of max_tokens.
         **_aborts(store),
     }
@@ -154,6 +157,8 @@ def _main_table(d: dict[str, Any]) -> Group:
     dist.add_row("tokens kept / wasted", str(g["kept_tokens"]), str(g["wasted_tokens"]))
     if g["resumed_turns"]:
         dist.add_row("turns / tokens resumed", str(g["resumed_turns"]), str(g["resumed_tokens"]))
+    if g["discarded_checkpoints"]:
+        dist.add_row("checkpoints not continuable", str(g["discarded_checkpoints"]), "")
     if g["aborted_requests"]:
         dist.add_row("requests aborted / tokens saved ≤", str(g["aborted_requests"]),
                      str(g["abort_saved_tokens"]))  # fmt: skip

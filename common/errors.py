@@ -80,6 +80,13 @@ class BadResponse(TransientError):
     kind = "bad_response"
 
 
+class NotContinued(BadResponse):
+    """A continuation request was answered afresh (the server ignored the token-id prompt or
+    ``continue_final_message``): the answer must not be joined to the saved partial."""
+
+    kind = "not_continued"
+
+
 class LeaseLost(TransientError):
     """Another worker took this sample over; stop spending GPU time on it."""
 

@@ -77,6 +77,9 @@ class TurnStats(BaseModel):
     # Tokens of this turn generated before a break and continued from its checkpoint (0: the
     # turn streamed unbroken). The ids and text above are the whole turn either way.
     resumed_from_tokens: int = 0
+    # Tokens of a checkpoint this turn could not continue (a server not proven to continue a
+    # partial answer), so generated again from the start: wasted, never joined.
+    discarded_tokens: int | None = None
 
 
 class TurnResult(TurnStats):

@@ -70,6 +70,7 @@ class Snapshot:
     wasted_tokens: int = 0
     resumed_turns: int = 0  # turns continued from a checkpoint
     resumed_tokens: int = 0  # tokens those turns did not generate again
+    discarded_checkpoints: int = 0  # checkpoints no proven continuation could take on
     last_finished_at: float | None = None
     errors: dict[str, int] = field(default_factory=dict)
     last_errors: dict[str, str] = field(default_factory=dict)
@@ -187,6 +188,12 @@ class StatsRecorder:
                 b.add(k.stats, "resumed", 1)
                 b.add(k.stats, "resumed_tokens", resumed_from)
 
+    def discarded(self, tokens: int) -> None:
+        """Checkpointed tokens a turn could not continue from and generated again (wasted)."""
+        with self._lock:
+            self._batch.add(self.keys.stats, "wasted_tokens", tokens)
+            self._batch.add(self.keys.stats, "discarded_checkpoints", 1)
+
     def finished(self, tokens: int, kept: bool, now: float | None = None) -> None:
         """A sample's result was stored (kept) or was a duplicate (its tokens wasted)."""
         now = time.time() if now is None else now
@@ -268,6 +275,7 @@ def _from_stats(stats: dict[str, str]) -> Snapshot:
         wasted_tokens=int(stats.get("wasted_tokens", 0)),
         resumed_turns=int(stats.get("resumed", 0)),
         resumed_tokens=int(stats.get("resumed_tokens", 0)),
+        discarded_checkpoints=int(stats.get("discarded_checkpoints", 0)),
         last_finished_at=float(stats["last_finished_at"]) if "last_finished_at" in stats else None,
     )
     lat = {int(k[4:]): int(v) for k, v in stats.items() if k.startswith("lat:")}

@@ -1,6 +1,7 @@
 """`make chaos`: a bounded, self-stopping fault run on loopback, then a report.
 
-Starts its own durable Redis (AOF, on a free port), a faulty simulator, several workers and a
+Starts its own durable Redis (AOF, on a free port), two faulty simulators (one of them ignores
+continuation requests and answers them afresh, as some servers do), several workers and a
 collector; enqueues 2,000+ single-turn prompts (and a few over the context length); then every
 10-20 s SIGKILLs a random worker and restarts it, SIGKILLs the collector twice and Redis once
 (workers are not restarted for it: they must ride it out). It also pauses processes (SIGSTOP,
@@ -9,10 +10,11 @@ starts (on the same file it must be refused; on a second file it takes over, and
 must stop without committing); Redis for several seconds. When the run completes (or the
 deadline passes) it stops everything and checks: nothing lost, no duplicate line in either
 file, `written` equal to the distinct ids on disk, every failure an over-long prompt, every
-answer belonging to its prompt, no worker that exited by itself, duplicate generations no
-more than the requests in flight at the kills and pauses, and GPU waste at breaks (tokens the
-simulator streamed that are not in the output, generations run to their end twice apart) at
-most 0.5% of the output's tokens.
+answer (resumed ones included) equal to the simulator's own answer to its prompt, no worker
+that exited by itself, duplicate generations no more than the requests in flight at the kills
+and pauses, and GPU waste at breaks on the server
+that continues checkpoints (tokens it streamed that are not in the output, generations run to
+their end twice apart) at most 0.5% of its turns' tokens.
 """
 
 from __future__ import annotations
@@ -36,10 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common.store import RunStore, connect  # noqa: E402
-from simulator.answers import prompt_key  # noqa: E402
+from simulator.answers import expected_answer  # noqa: E402
+from simulator.config import SimConfig  # noqa: E402
 from tests.harness import Procs, free_port, start_redis, start_simulator  # noqa: E402
 
 RUN = "chaos"
+# The simulators' answers (both servers alike), to check every record's answer against.
+SIM = SimConfig(min_answer_tokens=10, max_answer_tokens=60, reasoning_tokens=8, max_model_len=600)
 OVERLONG = 5
 LEASE_TTL = 6.0  # the run's settings, also the lengths of the pauses past them
 COLLECTOR_LOCK_TTL = 3.0
@@ -74,12 +79,16 @@ class Chaos:
                 old.unlink()
         self.redis_port = free_port()
         self.sim_port = free_port()
+        # A second server that ignores continuation requests and answers them afresh, as some
+        # OpenAI-compatible servers and proxies do: its resumed turns must never be joined.
+        self.ignoring_port = free_port()
         self.url = f"redis://127.0.0.1:{self.redis_port}/0"
         env = {
             "EAGLEGEN_REDIS_URL": self.url,
             "EAGLEGEN_RUN": RUN,
             "EAGLEGEN_QUEUE": "chaos",
-            "EAGLEGEN_ENDPOINTS": f"http://127.0.0.1:{self.sim_port}/v1",
+            "EAGLEGEN_ENDPOINTS": f"{self._endpoint(self.sim_port)},"
+            f"{self._endpoint(self.ignoring_port)}",
             "EAGLEGEN_STALL_TIMEOUT": "3",
             "EAGLEGEN_LEASE_TTL": str(LEASE_TTL),
             "EAGLEGEN_RECONCILE_INTERVAL": "2",
@@ -117,16 +126,22 @@ class Chaos:
             timeout=20,
         )  # fmt: skip
 
-    def start_simulator(self) -> None:
+    def start_simulators(self) -> None:
         a = self.args
-        self.roles["simulator"] = start_simulator(
-            self.procs, "--time-per-token", str(a.tpt),
-            "--max-num-seqs", "128", "--min-answer-tokens", "10", "--max-answer-tokens", "60",
-            "--reasoning-tokens", "8", "--max-model-len", "600", "--p-500", "0.10",
-            "--p-429", "0.05", "--p-stall", "0.03", "--p-disconnect", "0.02",
-            "--seed", str(a.seed), "--log", str(self.dir / "sim-log.jsonl"),
-            port=self.sim_port,
-        ).proc  # fmt: skip
+        for name, port, extra in (
+            ("simulator", self.sim_port, ()),
+            ("ignoring", self.ignoring_port, ("--ignore-continuations",)),
+        ):
+            self.roles[name] = start_simulator(
+                self.procs, "--time-per-token", str(a.tpt),
+                "--max-num-seqs", "64", "--min-answer-tokens", str(SIM.min_answer_tokens),
+                "--max-answer-tokens", str(SIM.max_answer_tokens),
+                "--reasoning-tokens", str(SIM.reasoning_tokens),
+                "--max-model-len", str(SIM.max_model_len), "--p-500", "0.10",
+                "--p-429", "0.05", "--p-stall", "0.03", "--p-disconnect", "0.02",
+                "--seed", str(a.seed + port % 2), "--log", str(self.dir / f"{name}-log.jsonl"),
+                *extra, port=port,
+            ).proc  # fmt: skip
 
     def start_worker(self, i: int) -> None:
         args = ["worker", "--concurrency", str(self.args.concurrency), "--loglevel", "WARNING"]
@@ -160,7 +175,7 @@ class Chaos:
     def run(self) -> dict[str, Any]:
         self.start_redis()
         self.store = RunStore(connect(self.url), "eaglegen", RUN)
-        self.start_simulator()
+        self.start_simulators()
         for i in range(self.args.workers):
             self.start_worker(i)
         self.start_collector()
@@ -338,9 +353,13 @@ class Chaos:
         per_file = [Counter(r["id"] for r in f) for f in files]
         ids = Counter({i: 1 for c in per_file for i in c})
         written = store.counts().written
-        events = self._sim_events()
+        events = self._sim_events("simulator") + self._sim_events("ignoring")
         generations = Counter(e["key"] for e in events if e.get("event") == "completed")
-        waste = gpu_waste(events, {r["id"]: r for r in lines})
+        by_id = {r["id"]: r for r in lines}
+        waste = gpu_waste(events, by_id)
+        # Breaks on the server that continues checkpoints; the other one can only start again.
+        honouring = gpu_waste(self._sim_events("simulator"), by_id, self._endpoint(self.sim_port))
+        wrong = wrong_answers(lines)
         in_flight_at_kills = sum(len(k.held) for k in self.kills)
         wasted = sum(n - 1 for n in generations.values() if n > 1)
         recoveries = [k.recovered_s for k in self.kills if k.recovered_s is not None and k.held]
@@ -359,10 +378,13 @@ class Chaos:
             "lost": len(accepted - set(ids) - set(failures)),
             "failed": len(failures), "failed_reasons": dict(reasons),
             "failed_not_overlong": sum(f.kind != "400" for f in failures.values()),
-            "answers_not_matching_prompt": self._mismatched(lines),
+            "answers_not_matching_prompt": wrong[0], "resumed_records_checked": wrong[1],
+            "checkpoints_discarded": sum(bool(t.get("discarded_tokens")) for r in lines
+                                         for t in r["generation"]["turns"]),
             "generations": sum(generations.values()),
             "duplicate_generations": wasted, "in_flight_at_kills": in_flight_at_kills,
             **waste,
+            "honouring_server": honouring,
             "kills": [{"what": k.what, "held": len(k.held), "recovered_s": k.recovered_s}
                       for k in self.kills],
             "worker_kills": sum(k.what.startswith("worker") for k in self.kills),
@@ -382,22 +404,33 @@ class Chaos:
         logs = self.procs.logs()
         return first.poll() == 1 and "lost the collector lock" in logs
 
-    def _sim_events(self) -> list[dict[str, Any]]:
-        log = self.dir / "sim-log.jsonl"
+    def _sim_events(self, name: str) -> list[dict[str, Any]]:
+        log = self.dir / f"{name}-log.jsonl"
         return [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
 
     @staticmethod
-    def _mismatched(lines: list[dict[str, Any]]) -> int:
-        bad = 0
-        for record in lines:
-            user = next(m for m in record["conversations"] if m["role"] == "user")
-            answer = next(m for m in record["conversations"] if m["role"] == "assistant")
-            key = prompt_key([{"role": "user", "content": user["content"]}])
-            bad += not answer["content"].startswith(f"[{key}]")
-        return bad
+    def _endpoint(port: int) -> str:
+        return f"http://127.0.0.1:{port}/v1"
 
 
-def gpu_waste(events: list[dict[str, Any]], records: dict[str, Any]) -> dict[str, Any]:
+def wrong_answers(lines: list[dict[str, Any]]) -> tuple[int, int]:
+    """(records whose answer is not the simulator's own answer to their prompt, resumed turns
+    among those checked): the whole reasoning and answer, so a resumed turn joined to an
+    answer given afresh is caught, not only an answer of another prompt."""
+    bad = resumed = 0
+    for record in lines:
+        user = next(m for m in record["conversations"] if m["role"] == "user")
+        answer = next(m for m in record["conversations"] if m["role"] == "assistant")
+        expected = expected_answer([{"role": "user", "content": user["content"]}], 200, SIM)
+        got = (answer.get("reasoning_content") or "", answer["content"])
+        bad += got != (expected.reasoning, expected.content)
+        resumed += any(t.get("resumed_from_tokens") for t in record["generation"]["turns"])
+    return bad, resumed
+
+
+def gpu_waste(
+    events: list[dict[str, Any]], records: dict[str, Any], endpoint: str | None = None
+) -> dict[str, Any]:
     """Tokens the server generated that are not in the output, over the tokens in the output.
 
     The simulator logs every generation's end, finished or cut (a kill, a stall, a dropped
@@ -408,7 +441,9 @@ def gpu_waste(events: list[dict[str, Any]], records: dict[str, Any]) -> dict[str
     dies with it. What is left is what breaks cost: kills, stalls, dropped streams.
     """
     generated = sum(int(e.get("completion_tokens") or 0) for e in events)
-    kept = sum(r["generation"]["usage"]["completion_tokens"] for r in records.values())
+    turns = [t for r in records.values() for t in r["generation"]["turns"]]
+    kept = sum(t["usage"]["completion_tokens"] for t in turns
+               if endpoint is None or t["endpoint"] == endpoint)  # fmt: skip
     finished: dict[str, list[int]] = {}
     for e in events:
         if e.get("event") == "completed":
@@ -448,9 +483,12 @@ def verdict(r: dict[str, Any]) -> list[str]:
         misses.append(f"only {r['worker_kills']} worker kills: the run was too short to judge")
     if r["duplicate_generations"] > r["in_flight_at_kills"]:
         misses.append("more duplicate generations than requests in flight at the kills")
-    breaks = r["gpu_waste_pct_breaks"]
+    breaks = r["honouring_server"]["gpu_waste_pct_breaks"]
     if breaks is None or breaks > MAX_WASTE_PCT:
-        misses.append(f"GPU waste at breaks {breaks}% (at most {MAX_WASTE_PCT}%)")
+        misses.append(f"GPU waste at breaks {breaks}% on the server that continues checkpoints "
+                      f"(at most {MAX_WASTE_PCT}%)")  # fmt: skip
+    if not r["resumed_records_checked"]:
+        misses.append("no resumed record was checked against its prompt's answer")
     return misses
 
 

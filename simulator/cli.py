@@ -75,6 +75,14 @@ def simulate(
             "--no-token-ids behaves like a server without it.",
         ),
     ] = _DEFAULTS.token_ids,
+    ignore_continuations: Annotated[
+        bool,
+        Opt(
+            "--ignore-continuations",
+            help="Answer continuation requests (continue_final_message, a token-id prompt "
+            "ending in a partial answer) afresh, like a server that ignores them.",
+        ),
+    ] = _DEFAULTS.ignore_continuations,
     prefix_cache_blocks: Annotated[
         int, Opt(help="Prefix cache size in blocks, least recently used evicted (0: no cache).")
     ] = _DEFAULTS.prefix_cache_blocks,
@@ -142,6 +150,7 @@ def simulate(
             fail_first=fail_first,
             disconnect_first=disconnect_first,
             cut_at=cut_at,
+            ignore_continuations=ignore_continuations,
             seed=seed,
             abort_requests=abort_requests,
             log_path=log_path,

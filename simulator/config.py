@@ -26,6 +26,9 @@ class SimConfig(BaseModel):
     reasoning_tokens: int = Field(default=32, ge=0)  # upper bound; 0 = no reasoning
     reasoning_field: ReasoningField = "reasoning"  # inline = <think>…</think> in content
     token_ids: bool = True  # False: no return_token_ids, no token-id prompts (like SGLang)
+    # True: a server that ignores continuation requests (continue_final_message, a token-id
+    # prompt's partial answer) and answers afresh, as some OpenAI-compatible servers do.
+    ignore_continuations: bool = False
     prefix_cache_blocks: int = Field(default=4096, ge=0)  # LRU capacity; 0 = no cache
     block_size: int = Field(default=16, ge=1)  # tokens per prefix-cache block, as vLLM's
     prefill_time_per_token: float = Field(default=0.0, ge=0.0)  # seconds per uncached token

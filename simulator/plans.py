@@ -53,6 +53,8 @@ class Rejection:
 def chat_plan(req: ChatRequest, cfg: SimConfig) -> Plan | Rejection:
     """Plan a chat completion."""
     with_ids = cfg.token_ids and bool(req.return_token_ids)
+    if req.continue_final_message and cfg.ignore_continuations:
+        return _ignored_continuation_plan(req, cfg, with_ids)
     if req.continue_final_message:
         return _continuation_plan(req, cfg, with_ids)
     if with_ids:
@@ -86,12 +88,26 @@ def _continuation_plan(req: ChatRequest, cfg: SimConfig, with_ids: bool) -> Plan
     return _raw_plan(key, prompt_ids, resume, req.limit, cfg, with_ids)
 
 
+def _ignored_continuation_plan(
+    req: ChatRequest, cfg: SimConfig, with_ids: bool
+) -> Plan | Rejection:
+    """A server that ignores continue_final_message: the partial answer is rendered as a
+    closed turn, a generation prompt follows, and the question is answered afresh."""
+    messages = req.messages
+    prompt_ids = encode_chat(messages, req.thinking)
+    fresh = Resume(model_output(messages[:-1], cfg, req.thinking), 0)
+    return _raw_plan(prompt_key(messages[:-1]), prompt_ids, fresh, req.limit, cfg, with_ids)
+
+
 def completion_plan(req: CompletionRequest, cfg: SimConfig) -> Plan | Rejection:
     """Plan a (legacy) completion: text or token-id prompt, output counted in ids."""
     ids = _prompt_ids(req.prompt, cfg)
     if isinstance(ids, Rejection):
         return ids
-    key, resume = _completion_resume(ids, cfg)
+    if cfg.ignore_continuations:
+        ids, key, resume = _ignored_partial(ids, cfg)
+    else:
+        key, resume = _completion_resume(ids, cfg)
     return_ids = cfg.token_ids and bool(req.return_token_ids)
     return _raw_plan(key, ids, resume, req.max_tokens, cfg, return_ids, "inline")
 
@@ -128,6 +144,17 @@ def _completion_resume(ids: list[int], cfg: SimConfig) -> tuple[str, Resume]:
     # Not a prompt the simulated model could have produced: answer it as one user message.
     fresh = [{"role": "user", "content": decode_prompt(ids)}]
     return prompt_key(fresh), Resume(model_output(fresh, cfg), 0)
+
+
+def _ignored_partial(ids: list[int], cfg: SimConfig) -> tuple[list[int], str, Resume]:
+    """A server that drops a token-id prompt's partial answer: it answers the open assistant
+    turn from its start, and echoes the prompt it actually used."""
+    parsed = parse(ids)
+    if not (parsed.structured and parsed.open_role == "assistant" and parsed.open_ids):
+        key, resume = _completion_resume(ids, cfg)
+        return ids, key, resume
+    used = ids[: len(ids) - len(parsed.open_ids)]
+    return used, prompt_key(parsed.messages), Resume(model_output(parsed.messages, cfg), 0)
 
 
 def _resume(

@@ -17,6 +17,7 @@ from common import errors
 from common.models import Checkpoint, GenParams, TurnResult
 from common.settings import Settings
 from simulator.answers import expected_answer
+from simulator.config import SimConfig
 from simulator.tokenizer import THINK_END
 from tests.test_simulator_server import Sim, sim, start_sim
 from worker.client import ChatClient
@@ -167,35 +168,54 @@ def test_resume_off_generates_the_turn_again(
 # --- text: continue_final_message -----------------------------------------------------------
 
 
+def _cut_point(where: str) -> int:
+    """A cut in the reasoning or in the answer of ``ask()``'s legacy (id-less) stream."""
+    answer = expected_answer(ask(), None, SimConfig())
+    if where == "reasoning":
+        return max(1, len(answer.reasoning_tokens) // 2)
+    return len(answer.reasoning_tokens) + 3  # legacy streams: no tag tokens
+
+
 @pytest.mark.parametrize("where", ["reasoning", "content"])
-@pytest.mark.parametrize("no_ids", ["server", "setting", "server without a parser"])
-def test_a_turn_without_ids_resumes_from_its_text(
-    start_sim: Callable[..., Sim], clients: Callable[..., ChatClient], where: str, no_ids: str
+@pytest.mark.parametrize("parser", ["reasoning", "inline"])
+def test_a_turn_without_ids_resumes_from_its_text_where_the_server_proved_it_continues(
+    start_sim: Callable[..., Sim], clients: Callable[..., ChatClient], where: str, parser: str
 ) -> None:
-    server: dict[str, Any] = {"token_ids": False} if no_ids.startswith("server") else {}
-    if no_ids == "server without a parser":
-        server["reasoning_field"] = "inline"  # <think>...</think> left in the content
-    setting = {"token_ids": "off"} if no_ids == "setting" else {}
+    # Ids off by setting; the server echoes prompt ids, so its continuations can be proven.
+    server: dict[str, Any] = {"reasoning_field": parser}
     params = GenParams()
-    unbroken = clients(start_sim(**server, **ONE), **setting).complete(ask(), params)
+    unbroken = clients(start_sim(**server, **ONE), token_ids="off").complete(ask(), params)
     assert unbroken.token_ids is None and unbroken.reasoning
-    answer = expected_answer(ask(), None, start_sim().cfg)
-    k = {"reasoning": max(1, len(answer.reasoning_tokens) // 2)}.get(
-        where, len(answer.reasoning_tokens) + 3
-    )  # legacy streams: no tag tokens
-    sim = start_sim(disconnect_first=1, cut_at=k, **server, **ONE)
-    client = clients(sim, **setting)
+    k = _cut_point(where)
+    client = clients(start_sim(disconnect_first=1, cut_at=k, **server, **ONE), token_ids="off")
     checkpoint = broken(client, ask(), params)
     assert checkpoint.token_ids is None and checkpoint.tokens == k
-    if "parser" not in no_ids:
+    if parser == "reasoning":
         assert bool(checkpoint.content) == (where == "content")
     resumed = client.complete(ask(), params, turn=0, resume=checkpoint)
+    assert client.chat_continues is True
     assert (resumed.reasoning, resumed.content) == (unbroken.reasoning, unbroken.content)
     assert resumed.finish_reason == "stop" and resumed.resumed_from_tokens == k
     assert resumed.token_ids is None and resumed.usage.completion_tokens > k
 
 
-def test_a_server_that_refuses_token_id_prompts_continues_from_the_text(
+@pytest.mark.parametrize("where", ["reasoning", "content"])
+def test_a_server_that_cannot_prove_a_continuation_starts_the_turn_again(
+    start_sim: Callable[..., Sim], clients: Callable[..., ChatClient], where: str
+) -> None:
+    # No token ids at all (like SGLang or a hosted API): no echo of the prompt, no proof.
+    params = GenParams()
+    unbroken = clients(start_sim(token_ids=False, **ONE)).complete(ask(), params)
+    k = _cut_point(where)
+    client = clients(start_sim(token_ids=False, disconnect_first=1, cut_at=k, **ONE))
+    checkpoint = broken(client, ask(), params)
+    again = client.complete(ask(), params, turn=0, resume=checkpoint)
+    assert client.chat_continues is False
+    assert (again.reasoning, again.content) == (unbroken.reasoning, unbroken.content)
+    assert again.resumed_from_tokens == 0 and again.discarded_tokens == k
+
+
+def test_a_server_that_refuses_token_id_prompts_and_echoes_no_ids_starts_the_turn_again(
     start_sim: Callable[..., Sim], clients: Callable[..., ChatClient]
 ) -> None:
     params = GenParams()
@@ -204,10 +224,45 @@ def test_a_server_that_refuses_token_id_prompts_continues_from_the_text(
     checkpoint = broken(clients(with_ids), ask(), params)
     assert checkpoint.token_ids is not None
     other = clients(start_sim(token_ids=False, **ONE))  # like SGLang: no token-id prompts
-    resumed = other.complete(ask(), params, turn=0, resume=checkpoint)
-    assert (resumed.reasoning, resumed.content) == (unbroken.reasoning, unbroken.content)
-    assert other.completions is False and resumed.resumed_from_tokens == 6
-    assert resumed.token_ids is None  # the text continuation's ids are not the model's
+    again = other.complete(ask(), params, turn=0, resume=checkpoint)
+    assert (again.reasoning, again.content) == (unbroken.reasoning, unbroken.content)
+    assert other.completions is False and again.resumed_from_tokens == 0
+    assert again.discarded_tokens == 6
+
+
+@pytest.mark.parametrize("ids", ["on the server", "off by setting"])
+def test_a_server_that_ignores_continuations_never_gets_its_answer_joined_to_the_partial(
+    start_sim: Callable[..., Sim], clients: Callable[..., ChatClient], ids: str
+) -> None:
+    setting = {"token_ids": "off"} if ids == "off by setting" else {}
+    params = GenParams()
+    unbroken = clients(start_sim(**ONE), **setting).complete(ask(), params)
+    checkpoint = broken(clients(start_sim(disconnect_first=1, cut_at=9, **ONE), **setting), ask(),
+                        params)  # fmt: skip
+    ignoring = start_sim(ignore_continuations=True, **ONE)
+    client = clients(ignoring, **setting)
+    again = client.complete(ask(), params, turn=0, resume=checkpoint)
+    # The fresh answer, whole and alone: not the partial with a new answer after it.
+    assert (again.reasoning, again.content) == (unbroken.reasoning, unbroken.content)
+    assert again.token_ids == unbroken.token_ids
+    assert again.resumed_from_tokens == 0 and again.discarded_tokens == 9
+    assert client.chat_continues is False
+    if ids == "on the server":
+        assert client.completions is False  # its echoed prompt was not the one sent
+
+
+def test_a_continuation_answered_afresh_is_refused_at_its_first_text() -> None:
+    resume = Checkpoint(turn=0, endpoint="e", model="m", prompt_token_ids=[1], token_ids=[2])
+    stream = CompletionStream("e", "m", 0, resume, sent=[1, 2])
+    with pytest.raises(errors.NotContinued):
+        stream.feed(
+            b'data: {"choices":[{"index":0,"text":"Fresh","token_ids":[7],'
+            b'"prompt_token_ids":[1],"finish_reason":null}]}\n\n'
+        )
+    assert stream.content == [] and stream.checkpoint() is resume
+    silent = CompletionStream("e", "m", 0, resume, sent=[1, 2])  # no echo at all
+    with pytest.raises(errors.NotContinued):
+        silent.feed(b'data: {"choices":[{"index":0,"text":"Fresh","finish_reason":null}]}\n\n')
 
 
 def test_token_ids_on_starts_a_turn_again_rather_than_lose_its_ids(
@@ -375,7 +430,8 @@ def test_a_check_that_aborts_the_stream_leaves_a_checkpoint(
 
 
 def test_a_completion_stream_reads_vllms_text_and_ids() -> None:
-    stream = CompletionStream("e", "m", 0, None)
+    resume = Checkpoint(turn=0, endpoint="e", model="m", prompt_token_ids=[1], token_ids=[2])
+    stream = CompletionStream("e", "m", 0, resume, sent=[1, 2])
     stream.feed(
         b'data: {"choices":[{"index":0,"text":" so","token_ids":[7],"prompt_token_ids":[1,2],'
         b'"finish_reason":null}]}\n\n'

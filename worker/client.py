@@ -162,8 +162,11 @@ class ChatClient:
         self.ids = IdSupport(settings.token_ids, endpoint)
         self._chat_url = f"{endpoint}/chat/completions"
         self._completions_url = f"{endpoint}/completions"
-        # Whether the endpoint continues token-id prompts on /v1/completions (None: not tried).
+        # Whether the endpoint continues token-id prompts on /v1/completions, and whether it
+        # honours continue_final_message (None: not tried yet).
         self.completions: bool | None = None
+        self.chat_continues: bool | None = None
+        self._probe_lock = threading.Lock()
         self._models_url = f"{endpoint}/models"
         headers = {
             "Authorization": f"Bearer {settings.api_key_value()}",  # vLLM expects one, even unset
@@ -217,6 +220,17 @@ class ChatClient:
             resumed = self._continue(messages, params, check, progress, resume, model)
             if resumed is not None:
                 return resumed
+        result = self._fresh(messages, params, check, turn, progress, model)
+        if resume is not None and resume.tokens > 0:
+            # The checkpoint could not be continued: its tokens were generated again.
+            result.discarded_tokens = resume.tokens
+        return result
+
+    def _fresh(
+        self, messages: Messages, params: GenParams, check: Check | None, turn: int,
+        progress: Progress | None, model: str,
+    ) -> TurnResult:  # fmt: skip
+        """The turn generated from its start on the chat API."""
         ask = self.ids.ask()
         body = chat_body(model, messages, params, ask)
         try:
@@ -260,9 +274,64 @@ class ChatClient:
                 return exact
         if self.ids.mode == "on":
             return None  # a text continuation has no ids; the turn starts again, with them
+        if not self._continues_chat(model):
+            return None  # not proven to honour continue_final_message: start again
         body = continue_body(model, messages, params, resume, left)
         stream = TurnStream(self.endpoint, model, resume.turn, resume)
         return self._turn(self._chat_url, body, stream, check, progress)
+
+    def _continues_chat(self, model: str) -> bool:
+        """Whether this endpoint honours ``continue_final_message``, probed once and remembered.
+
+        A server that ignores it (or a proxy that drops the field) closes the partial message
+        and answers afresh; joined to the partial, that answer would corrupt the record
+        silently. Two one-token probes tell: continuing "A" and then "A B", the first prompt
+        the server echoes must be a prefix of the second (an ignored continuation ends it with
+        an end of turn and a generation prompt). A server that echoes no prompt ids cannot
+        prove it, so its turns start again.
+        """
+        with self._probe_lock:
+            if self.chat_continues is None:
+                # A probe broken by the network decides nothing: not remembered.
+                found = self._probe_continuation(model)
+                self.chat_continues = found
+                return bool(found)
+            return self.chat_continues
+
+    def _probe_continuation(self, model: str) -> bool | None:
+        try:
+            short = self._echoed_prompt(model, "The sky over the sea is")
+            longer = self._echoed_prompt(model, "The sky over the sea is blue and calm")
+        except errors.TransientError:
+            return None
+        except errors.GenerationError:
+            return False  # refused (400, 404...): no continuation here
+        if short is None or longer is None or len(longer) <= len(short):
+            return False
+        # The last token of the shorter partial may merge with what follows it.
+        return longer[: len(short) - 1] == short[:-1]
+
+    def _echoed_prompt(self, model: str, partial: str) -> list[int] | None:
+        """The prompt ids the server echoes for continuing ``partial`` (one try again after a
+        transient error: the probe is two tiny requests)."""
+        try:
+            return self._echo_once(model, partial)
+        except errors.TransientError:
+            return self._echo_once(model, partial)
+
+    def _echo_once(self, model: str, partial: str) -> list[int] | None:
+        messages = [
+            {"role": "user", "content": "Finish the sentence."},
+            {"role": "assistant", "content": partial},
+        ]
+        body: dict[str, Any] = {
+            "model": model, "messages": messages, "max_tokens": 1, "stream": True,
+            "continue_final_message": True, "add_generation_prompt": False,
+            "return_token_ids": True,
+        }  # fmt: skip
+        stream = TurnStream(self.endpoint, model)
+        self._read(self._chat_url, _encode(body), stream, None, None)
+        return stream.prompt_token_ids
 
     def _continue_ids(
         self,
@@ -276,15 +345,16 @@ class ChatClient:
         """The exact continuation on /v1/completions; None if the endpoint refuses it."""
         assert resume.prompt_token_ids is not None and resume.token_ids is not None
         prompt = resume.prompt_token_ids + resume.token_ids
-        stream = CompletionStream(self.endpoint, model, resume.turn, resume)
+        stream = CompletionStream(self.endpoint, model, resume.turn, resume, prompt)
         try:
             result = self._turn(
                 self._completions_url, completion_body(model, prompt, params, left), stream,
                 check, progress,
             )  # fmt: skip
-        except (errors.BadRequest, errors.NotFound):
-            # No /v1/completions, or no token-id prompts (SGLang, hosted APIs): remembered,
-            # and continued from the text instead.
+        except (errors.BadRequest, errors.NotFound, errors.NotContinued):
+            # No /v1/completions, no token-id prompts (SGLang, hosted APIs), or a server that
+            # answered one afresh: remembered, and continued from the text instead, if that
+            # is proven to work there.
             self.completions = False
             return None
         self.completions = True
@@ -296,38 +366,45 @@ class ChatClient:
         progress: Progress | None,
     ) -> TurnResult:  # fmt: skip
         started = time.monotonic()
-        deadline = started + self._settings.max_request_time
-        # The server builds its own request id from ours (vLLM: chatcmpl-<X-Request-Id>).
-        headers = {"X-Request-Id": new_request_id()}
-        unnamed = progress is not None  # the request's server id not yet handed to progress
         try:
-            with (
-                translate_errors(self.endpoint),
-                self._http.stream("POST", url, content=body, headers=headers) as response,
-            ):
-                if response.status_code != 200:
-                    raise status_error(response.status_code, response.read(), self.endpoint)
-                # Read to the end of the body, past [DONE]: a response left unread closes its
-                # connection, and every request would pay a new one (the server too).
-                for data in response.iter_raw():
-                    stream.feed(data)
-                    if unnamed and stream.server_id and progress is not None:
-                        unnamed = False
-                        progress.started(self.endpoint, stream.server_id)
-                    if check is not None:
-                        check()
-                    if progress is not None and progress.due(stream.resumed + stream.tokens()):
-                        saved = stream.checkpoint()
-                        if saved is not None:
-                            progress.save(saved)
-                    if time.monotonic() > deadline:
-                        raise errors.TimeoutError_(f"{self.endpoint}: turn exceeded max time")
+            self._read(url, body, stream, check, progress)
             return stream.result(time.monotonic() - started, stream.model)
         except errors.GenerationError as exc:
             exc.endpoint = exc.endpoint or self.endpoint
             exc.tokens_streamed = stream.tokens()
             exc.checkpoint = stream.checkpoint()
             raise
+
+    def _read(
+        self, url: str, body: bytes, stream: TurnStream, check: Check | None,
+        progress: Progress | None,
+    ) -> None:  # fmt: skip
+        """POST ``body`` and feed the streamed response to ``stream``, to its end."""
+        deadline = time.monotonic() + self._settings.max_request_time
+        # The server builds its own request id from ours (vLLM: chatcmpl-<X-Request-Id>).
+        headers = {"X-Request-Id": new_request_id()}
+        unnamed = progress is not None  # the request's server id not yet handed to progress
+        with (
+            translate_errors(self.endpoint),
+            self._http.stream("POST", url, content=body, headers=headers) as response,
+        ):
+            if response.status_code != 200:
+                raise status_error(response.status_code, response.read(), self.endpoint)
+            # Read to the end of the body, past [DONE]: a response left unread closes its
+            # connection, and every request would pay a new one (the server too).
+            for data in response.iter_raw():
+                stream.feed(data)
+                if unnamed and stream.server_id and progress is not None:
+                    unnamed = False
+                    progress.started(self.endpoint, stream.server_id)
+                if check is not None:
+                    check()
+                if progress is not None and progress.due(stream.resumed + stream.tokens()):
+                    saved = stream.checkpoint()
+                    if saved is not None:
+                        progress.save(saved)
+                if time.monotonic() > deadline:
+                    raise errors.TimeoutError_(f"{self.endpoint}: turn exceeded max time")
 
     def close(self) -> None:
         """Close the connection pool."""

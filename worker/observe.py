@@ -85,8 +85,12 @@ class Observer:
     def turn(self, run: str, turn: TurnResult) -> None:
         """A turn came back from the model."""
         tokens = turn.usage.completion_tokens
-        self.recorder(run).turn(turn.endpoint, turn.latency_s, tokens, turn.resumed_from_tokens)
+        recorder = self.recorder(run)
+        recorder.turn(turn.endpoint, turn.latency_s, tokens, turn.resumed_from_tokens)
         self.metrics.turn(turn.endpoint, turn.latency_s, tokens, turn.resumed_from_tokens)
+        if turn.discarded_tokens:  # a checkpoint it could not continue: generated again
+            recorder.discarded(turn.discarded_tokens)
+            self.metrics.wasted.labels(turn.endpoint).inc(turn.discarded_tokens)
         self.summary.add(turns=1, tokens=tokens)
 
     def error(self, run: str, exc: errors.GenerationError) -> None:

@@ -217,9 +217,22 @@ class TurnStream:
 
 class CompletionStream(TurnStream):
     """A streamed /v1/completions (the exact continuation of a turn): raw text in
-    ``choices[].text``; vLLM puts the ids in the choice, the prompt ids in the first one's."""
+    ``choices[].text``; vLLM puts the ids in the choice, the prompt ids in the first one's.
+
+    Nothing of it is kept unless it is proven a continuation: the server must echo the prompt
+    ids it was sent (``return_token_ids``). A server that ignores a token-id prompt answers
+    afresh, and that answer joined to the saved partial would be a record that looks right and
+    is not; so the first text (or the finish) without the echo raises :class:`NotContinued`.
+    """
 
     raw = True
+
+    def __init__(
+        self, endpoint: str, model: str, turn: int, resume: Checkpoint, sent: list[int]
+    ) -> None:
+        super().__init__(endpoint, model, turn, resume)
+        self.sent = sent  # the token-id prompt the continuation was asked for
+        self.proven = False
 
     def _add_text(self, choice: dict[str, Any]) -> bool:
         prompt = choice.get("prompt_token_ids")
@@ -227,8 +240,25 @@ class CompletionStream(TurnStream):
             self.prompt_token_ids = prompt
         text = choice.get("text")
         if text:
+            self.prove()
             self.content.append(text)
         return bool(text)
+
+    def prove(self) -> None:
+        """Raise unless the server echoed exactly the prompt it was sent."""
+        if self.proven:
+            return
+        if self.prompt_token_ids != self.sent:
+            echoed = "no prompt ids" if self.prompt_token_ids is None else "other prompt ids"
+            raise errors.NotContinued(
+                f"{self.endpoint}: /v1/completions echoed {echoed}: the answer is not a "
+                "continuation of the token-id prompt"
+            )
+        self.proven = True
+
+    def result(self, latency: float, model: str) -> TurnResult:
+        self.prove()
+        return super().result(latency, model)
 
 
 def _data_field(block: str) -> str | None:

@@ -115,5 +115,6 @@ def test_a_turn_without_ids_resumes_from_its_text(vllm_server: Server) -> None:
                 }
             )
         assert results and all(r["ok"] for r in results), (unbroken, results)
+        assert client.chat_continues is True  # vLLM's continuation probe passed
     finally:
         client.close()
