@@ -1,5 +1,6 @@
 """Aborting a request on its server: the simulator's abort route, support learned and kept in
-Redis, the ids vLLM knows a request by, and what an abort saves (real HTTP on loopback)."""
+Redis, the ids vLLM knows a request by, what an abort saves (real HTTP on loopback), and which
+broken streams a worker aborts itself (in-memory fakes)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
+from common import errors
 from common.models import Checkpoint
 from common.request_store import RequestRef
 from common.settings import Settings
 from common.store import RunStore
+from tests.fakes import FakeStore, sample
 from tests.test_simulator_server import Sim, sim, start_sim
-from worker.aborts import Aborter, AbortSupport, abort_ids, abort_url, saved_tokens
+from worker.aborts import Aborter, AbortSupport, TurnRequests, abort_ids, abort_url, saved_tokens
 
 __all__ = ["sim", "start_sim"]
 
@@ -102,3 +105,42 @@ def test_an_abort_saves_at_most_what_the_request_had_left_past_its_checkpoint() 
     assert saved_tokens(ref, ckpt) == 700  # 300 of its 1,000 were generated
     assert saved_tokens(ref, None) == 1000
     assert saved_tokens(ref, ckpt.model_copy(update={"endpoint": "other"})) == 1000
+
+
+class Orphans:
+    """An aborter that records what it is asked to abort."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str]] = []
+
+    def orphan(self, store: Any, ref: RequestRef, checkpoint: Any, why: str) -> bool:
+        self.asked.append((ref.server_id, why))
+        return True
+
+
+def _turn_requests() -> tuple[TurnRequests, FakeStore, Orphans]:
+    store = FakeStore()
+    store.add(sample("a"))
+    store.leases["a"] = "tok"
+    orphans = Orphans()
+    requests = TurnRequests(store, "a", "tok", orphans, None, 1000)  # type: ignore[arg-type]
+    requests.started("http://e/v1", "chatcmpl-1")
+    return requests, store, orphans
+
+
+def test_a_stream_this_side_lets_go_is_aborted_once() -> None:
+    requests, store, orphans = _turn_requests()
+    assert store.requests["a"].server_id == "chatcmpl-1"  # kept beside the lease
+    requests.gave_up(errors.StallError("stalled"))
+    requests.gave_up(errors.StallError("stalled again"))
+    assert orphans.asked == [("chatcmpl-1", "stall")] and "a" not in store.requests
+
+
+def test_a_stream_the_server_ended_or_someone_else_aborted_is_left_alone() -> None:
+    requests, store, orphans = _turn_requests()
+    requests.gave_up(errors.Disconnected("the server closed it"))
+    requests.gave_up(errors.ServerError("an error in the stream"))
+    assert orphans.asked == [] and "a" in store.requests
+    store.pop_requests(["a"])  # the worker that took the lease over aborted it
+    requests.gave_up(errors.LeaseLost("taken"))
+    assert orphans.asked == []

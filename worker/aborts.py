@@ -25,6 +25,7 @@ from collections.abc import Callable
 import httpx
 import redis
 
+from common import errors
 from common.keys import EndpointKeys
 from common.models import Checkpoint
 from common.request_store import RequestRef
@@ -36,6 +37,11 @@ log = logging.getLogger("eaglegen.worker")
 ROUTE = "/inference/v1/abort_requests"
 TIMEOUT_S = 5.0
 HINT = "abort off: start vLLM with --enable-scale-out"
+# Errors after which this side stops reading a stream the server may still be generating: a
+# stall, the turn's time limit, a lost lease, a drain or shutdown, an answer not continued or
+# not understood. (A dropped connection or a server error ends it on the server too.)
+LET_GO = (errors.StallError, errors.TimeoutError_, errors.LeaseLost, errors.HandedBack,
+          errors.BadResponse)  # fmt: skip
 
 
 def abort_url(endpoint: str) -> str:
@@ -216,10 +222,12 @@ class TurnRequests:
         except redis.RedisError as exc:
             log.info("request %s of %s not recorded: %s", server_id, self.sample_id, exc)
 
-    def gave_up(self, checkpoint: Checkpoint | None, why: str) -> None:
-        """The stream broke or was let go here: abort it, unless someone already did."""
-        if not self.sent or self.aborter is None:
+    def gave_up(self, exc: errors.GenerationError) -> None:
+        """A request of the turn failed: if this side let its stream go while the server may
+        still be generating it, abort it (unless someone already did)."""
+        if not self.sent or self.aborter is None or not isinstance(exc, LET_GO):
             return
+        checkpoint, why = exc.checkpoint, exc.kind
         ref = self._pop()
         if ref is not None:
             self.aborter.orphan(self.store, ref, checkpoint, why)

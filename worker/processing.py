@@ -231,7 +231,7 @@ class SampleProcessor:
         except errors.GenerationError as exc:
             _keep_break_point(exc, turn.progress)
             if turn.requests is not None:
-                turn.requests.gave_up(exc.checkpoint, exc.kind)
+                turn.requests.gave_up(exc)
             self.observer.error(run, exc)
             raise
         self.observer.turn(run, result)
