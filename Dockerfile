@@ -22,6 +22,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 COPY README.md ./
 COPY common ./common
 COPY producer ./producer
+COPY broker ./broker
 COPY worker ./worker
 COPY collector ./collector
 COPY simulator ./simulator

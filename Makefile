@@ -37,8 +37,10 @@ $(VENV)/.installed-core: pyproject.toml
 $(VENV)/.installed-dev: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# Pinned first: an open range would pull a multi-GB CUDA build of torch.
-	$(BIN)/pip install -q torch==2.13.0
+	# Pinned first, from PyTorch's CPU index: an open range, or PyPI's own build, would pull a
+	# multi-GB CUDA build of torch. Where that index cannot be reached, the local pin is used.
+	$(BIN)/pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+		--retries 0 --timeout 10 || $(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,train]'
 	touch $@ $(VENV)/.installed-core
 

@@ -3,7 +3,7 @@
 One asyncio process, one AsyncOpenAI client, an ``asyncio.Semaphore`` at a fixed concurrency,
 non-streaming requests (``--stream``: streamed, the deltas joined as they come, as EagleGen
 reads them), each answer appended to a JSONL file as it finishes. No queue, no retries beyond
-the SDK's, no shared cap: the shape of the scripts in FIELD_NOTES §1.
+the SDK's, no shared cap: the shape of the scripts EagleGen replaces.
 
     .venv/bin/python bench/baseline_asyncio.py --endpoint http://127.0.0.1:8000/v1 \\
         --input prompts.jsonl --out answers.jsonl --concurrency 64 [--stream]

@@ -53,7 +53,8 @@ from stack import (  # noqa: E402
     write_prompts,
 )
 
-from common.keys import EndpointKeys, queue_lists  # noqa: E402
+from broker.layout import queue_lists  # noqa: E402
+from common.keys import EndpointKeys  # noqa: E402
 from common.store import connect  # noqa: E402
 from simulator.answers import expected_answer  # noqa: E402
 from simulator.config import SimConfig  # noqa: E402

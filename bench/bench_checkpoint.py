@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.models import Checkpoint, Sample, SourceRef
 from common.settings import Settings
 from common.store import RunStore, connect
-from worker.checkpoints import TurnCheckpoints
+from worker.chat.checkpoints import TurnCheckpoints
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stack import save_results

@@ -7,25 +7,25 @@ this process's CPU time (``time.process_time``; the simulator is another process
 
 * parser: one recorded stream of ``--tokens`` tokens parsed again and again from memory, by the
   old reader (httpx ``iter_lines``, ``json.loads`` with an attribute-dict hook, the old
-  accumulator) and by :class:`worker.stream.TurnStream`; once with one event per read (vLLM
+  accumulator) and by :class:`worker.chat.stream.TurnStream`; once with one event per read (vLLM
   paced at its real speed) and once with the reads as they came off the socket;
 * paced: ``--threads`` concurrent streams, the simulator pacing ``--pace`` seconds per token, so
   that every token arrives on its own (one read, one wake-up each), as from vLLM;
 * requests: sequential requests through the old client (the openai SDK's request building and
   the old reader), through "httpx" (today's request and decoder, :class:`TurnStream`, on the
-  httpx transport ChatClient had before worker/transport.py) and through
-  :class:`worker.client.ChatClient` ("new": ``http.client`` keep-alive connections), with
+  httpx transport ChatClient had before worker/chat/transport.py) and through
+  :class:`worker.chat.client.ChatClient` ("new": ``http.client`` keep-alive connections), with
   two-token answers (the per-request cost) and ``--tokens``-token answers (the per-token cost
   is the difference), each event in a read of its own; "coalesced": the same long answers with
   a 50 ms pause at the first read (the per-read check), so the rest of the answer waits in the
   socket and later socket reads carry many events, as under load; "httpx only" and "transport only"
-  read the same responses through httpx or worker.transport and parse nothing: the floor of
+  read the same responses through httpx or worker.chat.transport and parse nothing: the floor of
   each transport (httpx's HTTP/1.1 layer, h11, handles each event as one HTTP chunk;
   ``http.client`` reads one in a few C calls).
 
 All clients alternate within each round, so machine noise hits them alike; figures are the
 median over the rounds. The old clients are kept below as references: the SDK one as it was at
-1b32beb, the httpx one as ChatClient._turn read before worker/transport.py.
+1b32beb, the httpx one as ChatClient._turn read before worker/chat/transport.py.
 """
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ import openai
 from common.models import GenParams
 from common.settings import Settings
 from tests.harness import Procs, start_simulator
-from worker.client import ChatClient, chat_body
-from worker.reasoning import delta_reasoning
-from worker.stream import TurnStream
-from worker.transport import Connections
+from worker.chat.client import ChatClient, chat_body
+from worker.chat.reasoning import delta_reasoning
+from worker.chat.stream import TurnStream
+from worker.chat.transport import Connections
 
 # --- the old client, as a reference ------------------------------------------------------
 
@@ -131,7 +131,7 @@ class OldClient:
 
 
 class HttpxClient:
-    """ChatClient's request path on httpx, as before worker/transport.py: same body, same
+    """ChatClient's request path on httpx, as before worker/chat/transport.py: same body, same
     decoder, httpx's stream read raw to its end (one keep-alive connection)."""
 
     def __init__(self, endpoint: str, model: str) -> None:
@@ -256,7 +256,7 @@ def clients(endpoint: str, model: str, threads: int) -> tuple[dict[str, Complete
     def transport_only(
         messages: list[dict[str, Any]], params: GenParams, check: Check | None
     ) -> int:
-        """The same through worker.transport (http.client)."""
+        """The same through worker.chat.transport (http.client)."""
         body = chat_body(model, messages, params, True)
         with conns.stream("POST", url, content=body) as response:
             return count(response.iter_raw(), check)

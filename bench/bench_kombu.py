@@ -1,5 +1,5 @@
 """Redis client objects kombu builds in a real Celery worker, per acked task, with and without
-worker.kombu_fix's one-client-per-pool patch, side by side.
+broker.kombu_fix's one-client-per-pool patch, side by side.
 
     .venv/bin/python bench/bench_kombu.py --redis-url redis://127.0.0.1:6379/N [--tasks 1000]
 
@@ -67,7 +67,7 @@ def count_clients() -> None:
 def worker(url: str, events: bool, fix: bool, out: Path) -> None:
     count_clients()
     if fix:
-        from worker import kombu_fix
+        from broker import kombu_fix
 
         kombu_fix.apply()
     app = make_app(url, events)

@@ -22,13 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.keys import queue_lists
+from broker.app import create_broker_app
+from broker.layout import queue_lists
+from broker.publish import publish
 from common.models import GenParams
 from common.settings import Settings
 from common.store import RunStore, connect
-from worker.app import create_app
-from worker.publish import publish
-from worker.reconcile import Reconciler
+from worker.pipeline.reconcile import Reconciler
 
 
 def fill(r, store: RunStore, key: str, proto: dict, n: int) -> None:
@@ -57,7 +57,7 @@ def main() -> None:
     store = RunStore(r, s.key_prefix, run)
     store.ensure_params(GenParams(), queue)
     try:
-        publish(create_app(s), queue, run, ["proto"])
+        publish(create_broker_app(s), queue, run, ["proto"])
         key = next(k for k in queue_lists(queue) if r.llen(k))
         proto = json.loads(r.lpop(key))
         fill(r, store, key, proto, a.messages)

@@ -3,7 +3,7 @@ streamed token, with one event per read and with reads coalesced.
 
     .venv/bin/python bench/bench_transports.py [--rounds 7] [--pause 0.05]
 
-The comparison behind worker/transport.py (docs/benchmarks.md). A zero-latency simulator
+The comparison behind worker/chat/transport.py (docs/benchmarks.md). A zero-latency simulator
 streams one token per chunk (``--fast-chunk-tokens 1``, as vLLM does); each candidate sends the
 same chat request on a keep-alive connection and reads the body to its end, raw (nothing
 parsed: the transport's own cost) and "+parse" (each read fed to :class:`TurnStream`). CPU is
@@ -40,9 +40,9 @@ import httpx2 as httpx
 from common.models import GenParams
 from common.settings import Settings
 from tests.harness import Procs, start_simulator
-from worker.client import ChatClient, chat_body
-from worker.stream import TurnStream
-from worker.transport import Connections
+from worker.chat.client import ChatClient, chat_body
+from worker.chat.stream import TurnStream
+from worker.chat.transport import Connections
 
 try:
     import urllib3
@@ -115,7 +115,7 @@ def readers(endpoint: str) -> dict[str, Reader]:
             yield data
 
     found: dict[str, Reader] = {
-        "worker.transport": worker_transport,
+        "worker.chat.transport": worker_transport,
         "httpx2 iter_raw": httpx_raw,
         "httpcore2 direct": httpcore_direct,
         "http.client read1": stdlib_read1,

@@ -34,7 +34,7 @@ from tests.harness import (
     start_simulator,
     wait_for,
 )
-from worker.capacity import SlotTable
+from worker.endpoints.capacity import SlotTable
 
 # The simulator stands in for a GPU server, which has its own machine; here it shares two
 # cores with the clients, and a client that takes its CPU slows the "server" down. Every

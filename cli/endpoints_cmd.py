@@ -10,8 +10,8 @@ from rich.table import Table
 
 from cli.shared import console, fail, load_settings, open_store, out
 from common.settings import Settings
-from worker.aborts import AbortSupport
-from worker.capacity import EndpointView, SlotTable
+from worker.endpoints.capacity import EndpointView, SlotTable
+from worker.pipeline.aborts import AbortSupport
 
 endpoints_app = typer.Typer(
     help="Endpoints' requests in flight and caps across all workers; drain or undrain one.",

@@ -1,17 +1,17 @@
-"""``eaglegen enqueue``: wires the producer to Redis, Celery and a progress display."""
+"""``eaglegen enqueue``: wires the producer to Redis, the broker and a progress display."""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from broker.app import create_broker_app
+from broker.publish import publish
 from common.models import GenParams
 from common.settings import Settings
 from common.store import RunStore
 from producer.enqueue import EnqueueCounts, Feeder
 from producer.readers import open_source
-from worker.app import create_app
-from worker.publish import publish
 
 MAX_INVALID_SHOWN = 20
 
@@ -30,7 +30,7 @@ def run_enqueue(
     console = Console(stderr=True)
     info, rows = open_source(source, split, subset)
     store.ensure_params(params, settings.queue)
-    celery = create_app(settings)
+    broker = create_broker_app(settings)
     shown = [0]
 
     def on_invalid(row: int, reason: str) -> None:
@@ -49,7 +49,7 @@ def run_enqueue(
 
         feeder = Feeder(
             store=store, params=params, info=info,
-            publish=lambda ids: publish(celery, settings.queue, store.run, ids), fmt=fmt,
+            publish=lambda ids: publish(broker, settings.queue, store.run, ids), fmt=fmt,
             max_pending=settings.max_pending, on_invalid=on_invalid, on_progress=on_progress,
         )  # fmt: skip
         counts = feeder.run(rows, limit)

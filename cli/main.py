@@ -172,26 +172,25 @@ def status(
 @app.command("retry-failed")
 def retry_failed(run: RunOpt = None) -> None:
     """Put a run's failed samples back in the queue."""
-    from worker.app import create_app
-    from worker.publish import publish
+    from broker.app import create_broker_app
+    from broker.publish import publish
 
     settings = load_settings(run=run)
     store = open_store(settings)
     ids = store.requeue_failed()
-    sent = publish(create_app(settings), settings.queue, settings.run, ids)
+    sent = publish(create_broker_app(settings), settings.queue, settings.run, ids)
     console.print(f"requeued {sent} failed samples of run {settings.run!r}")
 
 
 @app.command()
 def reconcile(run: RunOpt = None) -> None:
     """Find samples that fell through (lost messages, dead workers) and re-enqueue them."""
-    from worker.app import create_app
-    from worker.reconcile import Reconciler
+    from broker.app import create_broker_app
+    from worker.pipeline.reconcile import Reconciler
 
     settings = load_settings(run=run)
     store = open_store(settings)
-    celery = create_app(settings)
-    reconciler = Reconciler(store.r, settings, celery.publish_samples)
+    reconciler = Reconciler(store.r, settings, create_broker_app(settings).publish_samples)
     runs = [settings.run] if run else None
     reconciler.run_once(runs)  # a sample counts as lost only if two passes agree
     time.sleep(1.0)
@@ -208,7 +207,7 @@ def exporter(
     from prometheus_client import CollectorRegistry
 
     from common.metrics import RunCollector, serve
-    from worker.server_cache import PrefixCacheCollector
+    from worker.endpoints.server_cache import PrefixCacheCollector
 
     settings = load_settings()
     store = open_store(settings)

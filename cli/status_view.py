@@ -61,7 +61,7 @@ def _aborts(store: RunStore) -> dict[str, int]:
 
 def _clocks_off(store: RunStore, settings: Settings) -> dict[str, float]:
     """Workers whose clock is further from Redis's than the limit: name -> skew (s)."""
-    from worker.clock_watch import EVERY_S, read_clocks
+    from worker.pipeline.clock_watch import EVERY_S, read_clocks
 
     clocks = read_clocks(store.r, settings.key_prefix, redis_time(store.r), 2 * EVERY_S)
     return {name: skew for name, skew in clocks.items() if abs(skew) > settings.max_clock_skew}
@@ -80,8 +80,8 @@ def _eta(counts: RunCounts, snap: Snapshot, data: dict[str, Any], settings: Sett
 def _endpoints(
     store: RunStore, settings: Settings, stats: dict[str, dict[str, float]]
 ) -> dict[str, dict[str, Any]]:
-    from worker.aborts import AbortSupport
-    from worker.capacity import SlotTable
+    from worker.endpoints.capacity import SlotTable
+    from worker.pipeline.aborts import AbortSupport
 
     caps = {url: settings.cap_for(url) for url in settings.endpoints}
     table = SlotTable(store.r, settings.key_prefix, caps, settings.slot_ttl)
@@ -111,7 +111,7 @@ def _endpoints(
 
 def _add_prefix_caches(out: dict[str, dict[str, Any]], settings: Settings) -> None:
     """Each server's prefix-cache figures, from its own /metrics (not asked if it is down)."""
-    from worker.server_cache import read_prefix_caches
+    from worker.endpoints.server_cache import read_prefix_caches
 
     asked = [url for url in settings.endpoints if out.get(url, {}).get("state") != "down"]
     for url, counters in read_prefix_caches(asked).items():

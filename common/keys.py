@@ -86,21 +86,6 @@ class EndpointKeys:
         return self._key("tpm")
 
 
-# kombu's Redis transport (kombu.transport.redis): one list per priority step, served 0
-# first, named ``queue`` then ``queue + sep + step``; delivered messages wait for their ack in
-# the ``unacked`` hash, their delivery times in ``unacked_index``. Not ours, but read by the
-# reconciler, so named here with the rest.
-PRIORITY_STEPS = (0, 3, 6, 9)
-PRIORITY_SEP = "\x06\x16"
-UNACKED = "unacked"
-UNACKED_INDEX = "unacked_index"
-
-
-def queue_lists(queue: str) -> list[str]:
-    """The broker lists holding ``queue``'s waiting messages, one per priority step."""
-    return [queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
-
-
 # Fields beside a sample's prompt in ``RunKeys.prompts`` (Lua scripts get them as arguments).
 ATTEMPTS_SUFFIX = "|attempts"
 PARTIAL_SUFFIX = "|partial"

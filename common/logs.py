@@ -32,8 +32,9 @@ def secrets_of(settings: Settings) -> list[str]:
 
 
 # One line per task (Celery's "received" and "succeeded") or per request (httpx): at INFO they
-# cost ~390 bytes per sample, ~390 MB per million. Shown only at DEBUG; their problems (task
-# failures, errors) are warnings and still show, with the per-minute summary at INFO.
+# would be most of a long run's log. Shown only at DEBUG; their
+# problems (task failures, errors) are warnings and still show, with the per-minute summary
+# at INFO.
 CHATTY = ("celery.app.trace", "celery.worker.strategy", "httpx", "httpx2")
 
 

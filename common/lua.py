@@ -281,7 +281,7 @@ return redis.call('ZCOUNT', KEYS[1], '-inf', now)
 """
 )
 
-# -- endpoint slots (worker/capacity.py) -----------------------------------------------------
+# -- endpoint slots (worker/endpoints/capacity.py) ----------------------------------------------
 
 # KEYS: drained set, then per endpoint its slots zset and its cap string
 # ARGV: token, ttl_ms, rotation, channel, then per endpoint: url, configured cap, eligible 0/1
@@ -312,7 +312,7 @@ return best
 # KEYS: drained set, then per endpoint in order of preference its slots zset and its cap string
 # ARGV: token, ttl_ms, load bound, wait (1: may wait for the first choice), load floor, then
 #       per endpoint: url, configured cap, eligible 0/1
-# The policy of worker/routing.py (``choose`` there is its reference): the first eligible
+# The policy of worker/endpoints/routing.py (``choose`` there is its reference): the first eligible
 # endpoint whose load stays within bound x its share of the cluster's (by caps; the mean
 # counted as at least the floor, a share of capacity) takes the request if it has a free slot;
 # else the endpoint with the most free slots; with none free anywhere, returns -1 if that
@@ -410,7 +410,7 @@ return out
 """
 )
 
-# -- rate limits (worker/ratelimit.py) -------------------------------------------------------
+# -- rate limits (worker/endpoints/ratelimit.py) ------------------------------------------------
 
 # KEYS: tat   ARGV: cost, interval_ms, burst_ms, charge_only (1: pay without being checked)
 # The same formula as ``gcra``; returns the wait in ms (0: admitted and paid).

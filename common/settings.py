@@ -68,15 +68,15 @@ class Settings(BaseSettings):
     # Celery's retry delays and kombu's delivery times run on the workers' own clocks; a worker
     # further than this from Redis's clock warns in its log and in `status` (run NTP).
     max_clock_skew: float = Field(default=2.0, gt=0)
-    # Queued messages a reconciler pass reads at most (~0.1 ms each): above it, the pass skips
-    # the queue (see worker/reconcile.py), so its cost does not grow with max_pending.
+    # Queued messages a reconciler pass reads at most (each is parsed): above it, the pass skips
+    # the queue (see worker/pipeline/reconcile.py), so its cost does not grow with max_pending.
     reconcile_scan_max: int = Field(default=20_000, ge=0)
     # After SIGTERM, in-flight generations get this long to finish before being handed back.
     shutdown_grace: float = Field(default=20.0, ge=0)
     # None: derived from the longest turn plus backoff (see ``effective_visibility_timeout``).
     visibility_timeout: int | None = None
 
-    # Endpoint capacity, shared by every worker through Redis (worker/capacity.py).
+    # Endpoint capacity, shared by every worker through Redis (worker/endpoints/capacity.py).
     max_inflight: int = Field(default=64, ge=1)  # requests at once per endpoint, cluster-wide
     # "URL=N,URL=N": per-endpoint overrides of max_inflight.
     endpoint_caps: Annotated[dict[str, Annotated[int, Field(ge=1)]], NoDecode] = Field(
@@ -85,11 +85,13 @@ class Settings(BaseSettings):
     slot_ttl: float = Field(default=30.0, gt=0)  # a dead holder's slot frees itself after this
     endpoint_failures: int = Field(default=5, ge=1)  # in a row before a cool-down
     endpoint_cooldown: float = Field(default=10.0, gt=0)  # doubles after each failed probe
-    adaptive: bool = False  # move each cap from the server's /metrics (worker/adaptive.py)
+    adaptive: bool = (
+        False  # move each cap from the server's /metrics (worker/endpoints/adaptive.py)
+    )
     adaptive_interval: float = Field(default=2.0, gt=0)
     adaptive_max_inflight: int = Field(default=1024, ge=1)
     adaptive_headroom: float = Field(default=0.1, ge=0, le=1)  # waiting allowed / running
-    # Routing (worker/routing.py): "cache" sends a conversation's later turns (and resumed
+    # Routing (worker/endpoints/routing.py): "cache" sends a conversation's later turns (and resumed
     # samples) back to the server holding their prefix, first turns by a hash of their
     # leading prefix; "least-loaded" takes the endpoint with the most free slots.
     routing: Literal["cache", "least-loaded"] = "cache"

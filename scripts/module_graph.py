@@ -5,6 +5,7 @@ hidden behind a function-level import is still a cycle for a reader.
 
     python scripts/module_graph.py            # a summary
     python scripts/module_graph.py --json     # the graph itself
+    python scripts/module_graph.py --packages # modules per package, arrows between packages
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "producer", "worker", "collector", "simulator", "training", "cli")
+PACKAGES = ("common", "producer", "broker", "worker", "collector", "simulator", "training", "cli")
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -44,6 +45,31 @@ def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
     out.discard("")
     out.discard(name)
     return out
+
+
+def outside_imports(path: Path) -> set[str]:
+    """Top-level names of the non-project packages ``path`` imports (``celery``, ``redis``...)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.partition(".")[0])
+    return out - set(PACKAGES)
+
+
+def package_of(module: str) -> str:
+    """``worker.chat.client`` -> ``worker.chat``; a top-level package's own modules -> it."""
+    parts = module.split(".")
+    return ".".join(parts[:-1]) if len(parts) > 1 else module
+
+
+def package_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Package -> the other packages its modules import."""
+    arrows: dict[str, set[str]] = {package_of(m): set() for m in edges}
+    for module, deps in edges.items():
+        arrows[package_of(module)].update(package_of(d) for d in deps)
+    return {package: deps - {package} for package, deps in arrows.items()}
 
 
 def _absolute(node: ast.ImportFrom, package: str) -> str:
@@ -110,10 +136,14 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the graph as JSON")
+    parser.add_argument("--packages", action="store_true", help="print the package graph")
     args = parser.parse_args()
     edges = graph()
     if args.json:
         print(json.dumps({k: sorted(v) for k, v in sorted(edges.items())}, indent=1))
+        return
+    if args.packages:
+        _print_packages(edges)
         return
     found = cycles(edges)
     print(f"modules: {len(edges)}, import edges: {sum(len(v) for v in edges.values())}")
@@ -124,6 +154,16 @@ def main() -> None:
         ((len(p.read_text().splitlines()), n) for n, p in modules().items()), reverse=True
     )
     print("largest modules: " + ", ".join(f"{n} {lines}" for lines, n in sizes[:6]))
+
+
+def _print_packages(edges: dict[str, set[str]]) -> None:
+    sizes: dict[str, int] = {}
+    for name, path in modules().items():
+        if path.name != "__init__.py":
+            sizes[package_of(name)] = sizes.get(package_of(name), 0) + 1
+    for package, deps in sorted(package_graph(edges).items()):
+        arrow = f" -> {', '.join(sorted(deps))}" if deps else ""
+        print(f"{package} ({sizes.get(package, 0)} modules){arrow}")
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ class Stack:
 
     def queue_keys(self) -> list[str]:
         """The broker's lists for this test's queue, one per priority step."""
-        from common.keys import queue_lists
+        from broker.layout import queue_lists
 
         return queue_lists(self.env["EAGLEGEN_QUEUE"])
 

@@ -18,7 +18,14 @@ from common.settings import Settings
 from common.store import RunStore
 from tests.fakes import FakeStore, sample
 from tests.test_simulator_server import Sim, sim, start_sim
-from worker.aborts import Aborter, AbortSupport, TurnRequests, abort_ids, abort_url, saved_tokens
+from worker.pipeline.aborts import (
+    Aborter,
+    AbortSupport,
+    TurnRequests,
+    abort_ids,
+    abort_url,
+    saved_tokens,
+)
 
 __all__ = ["sim", "start_sim"]
 

@@ -4,16 +4,16 @@ import pytest
 
 from common import errors
 from common.settings import Settings
-from worker.adaptive import (
+from worker.endpoints.adaptive import (
     CapState,
     Limits,
     ServerLoad,
     next_cap,
     parse_metrics,
 )
-from worker.health import EndpointHealth, counts_against
-from worker.ratelimit import gcra
-from worker.vllm_metrics import metrics_url
+from worker.endpoints.health import EndpointHealth, counts_against
+from worker.endpoints.ratelimit import gcra
+from worker.endpoints.vllm_metrics import metrics_url
 
 LIMITS = Limits(low=1, high=512)
 

@@ -18,9 +18,9 @@ from common.models import Checkpoint
 from common.settings import Settings
 from common.store import Taken
 from tests.fakes import FakeClient, FakeEndpoints, FakeObserver, FakeStore, sample, turn
-from worker.checkpoints import CLOCK_EVERY, TurnCheckpoints
-from worker.leases import LeaseKeeper
-from worker.processing import SampleProcessor
+from worker.chat.checkpoints import CLOCK_EVERY, TurnCheckpoints
+from worker.pipeline.leases import LeaseKeeper
+from worker.pipeline.processing import SampleProcessor
 
 
 def ckpt(tokens: int, turn_index: int = 0, endpoint: str = "http://x/v1", **more) -> Checkpoint:

@@ -9,7 +9,7 @@ import threading
 from common.models import GenParams
 from common.settings import Settings
 from tests.harness import Procs, free_port, start_simulator
-from worker.client import ChatClient
+from worker.chat.client import ChatClient
 
 
 class CountingProxy:

@@ -20,9 +20,9 @@ from simulator.answers import expected_answer
 from simulator.config import SimConfig
 from simulator.tokenizer import THINK_END
 from tests.test_simulator_server import Sim, sim, start_sim
-from worker.client import ChatClient
-from worker.reasoning import continue_text, partial_message
-from worker.stream import CompletionStream
+from worker.chat.client import ChatClient
+from worker.chat.reasoning import continue_text, partial_message
+from worker.chat.stream import CompletionStream
 
 __all__ = ["sim", "start_sim"]  # fixtures shared with test_simulator_server
 

@@ -8,8 +8,8 @@ import pytest
 
 from common import errors
 from common.models import TurnResult
-from worker.client import IdSupport, status_error, translate_errors
-from worker.stream import TurnStream
+from worker.chat.client import IdSupport, status_error, translate_errors
+from worker.chat.stream import TurnStream
 
 E = "http://e/v1"
 

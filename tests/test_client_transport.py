@@ -23,7 +23,7 @@ from simulator.server import SimServer, create_app
 from tests.harness import Procs, free_port, start_simulator, wait_for
 from tests.test_client_keepalive import CountingProxy
 from tests.test_client_sse import VLLM
-from worker.client import ChatClient
+from worker.chat.client import ChatClient
 
 ASK = [{"role": "user", "content": "hello"}]
 

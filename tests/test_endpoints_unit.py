@@ -12,9 +12,9 @@ from common import errors
 from common.settings import Settings
 from tests.fakes import FakeClient, turn
 from tests.harness import wait_for
-from worker.capacity import CapacityUnavailable, FreeSignal, Routed
-from worker.endpoints import EndpointPool
-from worker.routing import Load, RouteHint, choose
+from worker.endpoints.capacity import CapacityUnavailable, FreeSignal, Routed
+from worker.endpoints.pool import EndpointPool
+from worker.endpoints.routing import Load, RouteHint, choose
 
 A, B = "http://a/v1", "http://b/v1"
 

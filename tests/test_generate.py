@@ -1,5 +1,5 @@
 from common.models import GenParams, Sample, SourceRef, TurnResult, Usage
-from worker.generate import answer_turns, build_record, history
+from worker.pipeline.generate import answer_turns, build_record, history
 
 
 def _sample(turns=("q1", "q2"), system=None):

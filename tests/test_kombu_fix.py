@@ -1,7 +1,7 @@
-"""worker.kombu_fix on a real Redis: kombu 5.7 on a closed channel raised AttributeError on an
-ack or reject and stopped the worker (seen in `make chaos` when Redis was killed under running
-tasks), with the fix it is the connection error Celery logs and survives; and kombu built a new
-redis.Redis object per ack, get and event (~75 us each), with the fix one per connection pool."""
+"""broker.kombu_fix on a real Redis: kombu 5.7 on a closed channel raises AttributeError on an
+ack or reject and stops the worker (as in `make chaos` when Redis is killed under running
+tasks), with the fix it is the connection error Celery logs and survives; and kombu builds a new
+redis.Redis object per ack, get and event, with the fix one per connection pool."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import kombu
 import pytest
 import redis
 
-from worker import kombu_fix
+from broker import kombu_fix
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import pytest
 from common import errors
 from common.settings import Settings
 from tests.fakes import FakeClient, FakeEndpoints, FakeObserver, FakeStore, sample, turn
-from worker.leases import LeaseKeeper
-from worker.processing import SampleProcessor
+from worker.pipeline.leases import LeaseKeeper
+from worker.pipeline.processing import SampleProcessor
 
 
 def _processor(store, *script, settings=None):

@@ -1,6 +1,6 @@
 from types import SimpleNamespace
 
-from worker.reasoning import delta_reasoning, finish_text, split_inline_think
+from worker.chat.reasoning import delta_reasoning, finish_text, split_inline_think
 
 
 def test_reasoning_is_read_from_the_current_vllm_field():

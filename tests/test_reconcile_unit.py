@@ -1,5 +1,5 @@
-from worker.broker_scan import MessageRef
-from worker.reconcile import lost_samples
+from broker.scan import MessageRef
+from worker.pipeline.reconcile import lost_samples
 
 
 def _ref(sample, queued=False, since=0.0):

@@ -7,7 +7,7 @@ from collections import Counter
 
 from common.models import GenParams, TurnResult
 from tests.fakes import sample
-from worker.routing import (
+from worker.endpoints.routing import (
     PREFIX_CHARS,
     Load,
     RouteHint,

@@ -1,6 +1,6 @@
 """Reading a server's prefix-cache counters from its Prometheus text."""
 
-from worker.server_cache import CacheCounters, parse_prefix_cache
+from worker.endpoints.server_cache import CacheCounters, parse_prefix_cache
 
 VLLM = """\
 # HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.

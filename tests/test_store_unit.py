@@ -5,8 +5,8 @@ import redis
 from common.settings import Settings
 from common.store import SOCKET_TIMEOUT_S, connect
 from tests.fakes import FakeClient, FakeEndpoints, FakeObserver, FakeStore, sample, turn
-from worker.leases import LeaseKeeper
-from worker.processing import SampleProcessor
+from worker.pipeline.leases import LeaseKeeper
+from worker.pipeline.processing import SampleProcessor
 
 
 def test_every_state_connection_has_a_command_deadline():

@@ -1,32 +1,32 @@
-"""The Celery application factory and the composition root of a worker process.
+"""The worker's Celery app and the composition root of a worker process.
 
-This is the only module that knows the others: it builds the parts (leases, endpoints,
-observation, processing, reconciliation), hands each what it needs, and starts and stops them
-from Celery's worker signals. The parts import none of it.
+This is the only module that knows the others: it builds the parts (leases, endpoints and
+their clients, caps and rate limits, observation, processing, reconciliation), hands each what
+it needs, starts their threads and stops them from Celery's worker signals. The parts import
+none of it.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import redis
-from celery import Celery, signals
 
+from broker.app import BrokerApp
 from common.settings import Settings
 from common.store import RunStores, connect
-from worker import kombu_fix
-from worker.aborts import Aborter
-from worker.clock_watch import ClockWatch
-from worker.config import celery_config
-from worker.endpoints import EndpointPool
-from worker.lean_messages import LeanAMQP
-from worker.leases import LeaseKeeper
-from worker.observe import Observer
-from worker.processing import SampleProcessor
-from worker.publish import publish
-from worker.reconcile import ReconcilerLoop
-from worker.tasks import register_tasks
+from worker.endpoints.adaptive import AdaptiveDriver
+from worker.endpoints.capacity import SlotTable
+from worker.endpoints.pool import EndpointPool, chat_client, rate_limiter
+from worker.pipeline.aborts import Aborter
+from worker.pipeline.clock_watch import ClockWatch
+from worker.pipeline.leases import LeaseKeeper
+from worker.pipeline.observe import Observer
+from worker.pipeline.processing import SampleProcessor
+from worker.pipeline.reconcile import ReconcilerLoop
+from worker.tasks import connect_signals, register_tasks
 
 
 class WorkerParts:
@@ -37,7 +37,7 @@ class WorkerParts:
         self.redis: redis.Redis = connect(settings.redis_url, settings.redis_sentinel_master)
         self.stores = RunStores(self.redis, settings.key_prefix)
         self.leases = LeaseKeeper(self.stores, settings.lease_ttl)
-        self.endpoints = EndpointPool.build(settings, self.redis)
+        self.endpoints = build_endpoints(settings, self.redis)
         self.observer = Observer(self.redis, settings, self.leases.count)
         self.aborter = Aborter(self.redis, settings, self.observer.metrics.abort)
         self.processor = SampleProcessor(
@@ -45,12 +45,30 @@ class WorkerParts:
         )
         self.reconciler = ReconcilerLoop(self.redis, settings, hand_back, self.aborter)
         self.clock = ClockWatch(self.redis, settings)
+        self.settings = settings
+        self._endpoint_threads: list[threading.Thread] = []
+        self._start_lock = threading.Lock()
 
     def start_generating(self) -> None:
         """What a task needs running: lease renewal, the endpoints' threads, statistics."""
         self.leases.start()
-        self.endpoints.start()
+        self._start_endpoints()
         self.observer.start_flushing()
+
+    def _start_endpoints(self) -> None:
+        """Renew slots, probe endpoints, hear wake-ups (and adapt caps): once per process."""
+        with self._start_lock:
+            if self._endpoint_threads:
+                return
+            pool = self.endpoints
+            loops: dict[str, Callable[[], None]] = {
+                "endpoint-check": pool.check_all, "slot-renewer": pool.renew_loop,
+                "endpoint-prober": pool.probe_loop, "slot-wakeups": pool.listen,
+            }  # fmt: skip
+            if self.settings.adaptive:
+                driver = AdaptiveDriver(self.settings, self.redis, pool.table)
+                loops["adaptive-caps"] = lambda: driver.run(pool.stopped)
+            self._endpoint_threads = [_thread(target, name) for name, target in loops.items()]
 
     def start(self) -> None:
         """Everything, once the worker is ready: also reconciliation, metrics and the summary."""
@@ -76,16 +94,26 @@ class WorkerParts:
         self.redis.close()
 
 
-class EagleGenCelery(Celery):  # type: ignore[misc]
-    """A Celery app that carries EagleGen's settings and, in a worker, its parts."""
+def build_endpoints(settings: Settings, client: redis.Redis) -> EndpointPool:
+    """The pool of the configured endpoints, with their caps, rate limits and clients."""
+    limiter = rate_limiter(settings, client)
+    clients = {url: chat_client(url, settings, limiter) for url in settings.endpoints}
+    caps = {url: settings.cap_for(url) for url in settings.endpoints}
+    table = SlotTable(client, settings.key_prefix, caps, settings.slot_ttl)
+    return EndpointPool(settings, client, table, clients, limiter)
 
-    settings: Settings
+
+def _thread(target: Callable[[], None], name: str) -> threading.Thread:
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+class EagleGenCelery(BrokerApp):
+    """The broker's app with EagleGen's task and, in a worker, its parts."""
 
     def __init__(self, settings: Settings) -> None:
-        # LeanAMQP: task messages without Celery's empty fields (~40% of a queued sample's bytes).
-        super().__init__("eaglegen", set_as_current=False, amqp=LeanAMQP)
-        self.settings = settings
-        self.conf.update(celery_config(settings))
+        super().__init__(settings)
         self._parts: WorkerParts | None = None
         self._parts_lock = threading.Lock()
 
@@ -102,34 +130,20 @@ class EagleGenCelery(Celery):  # type: ignore[misc]
         parts.start_generating()  # idempotent; a task can arrive before worker_ready
         return parts.processor
 
-    def publish_samples(self, run: str, ids: list[str]) -> object:
-        """Send samples back to the queue ahead of new work (reconciler, hand-back)."""
-        return publish(self, self.settings.queue, run, ids, urgent=True)
+    def begin_drain(self) -> None:
+        """The worker is stopping: in-flight samples get the grace time, then go back."""
+        if self._parts is not None:
+            self._parts.processor.begin_drain()
+
+    def close_parts(self) -> None:
+        """The worker has shut down: stop the parts, if any were built."""
+        if self._parts is not None:
+            self._parts.close()
 
 
 def create_app(settings: Settings) -> EagleGenCelery:
     """A configured app with EagleGen's tasks registered; connects to nothing yet."""
-    kombu_fix.apply()
     app = EagleGenCelery(settings)
     register_tasks(app, settings, app.processor, app.publish_samples)
-    _connect_signals(app)
+    connect_signals(app, lambda: app.parts().start(), app.begin_drain, app.close_parts)
     return app
-
-
-def _connect_signals(app: EagleGenCelery) -> None:
-    # Signals are global in Celery: only react for the worker running this app.
-    def on_ready(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is app:
-            app.parts().start()
-
-    def on_stopping(sender: Any = None, **_: Any) -> None:
-        if app._parts is not None:
-            app._parts.processor.begin_drain()
-
-    def on_shutdown(sender: Any = None, **_: Any) -> None:
-        if app._parts is not None and getattr(sender, "app", app) is app:
-            app._parts.close()
-
-    signals.worker_ready.connect(on_ready, weak=False)
-    signals.worker_shutting_down.connect(on_stopping, weak=False)
-    signals.worker_shutdown.connect(on_shutdown, weak=False)

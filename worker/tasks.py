@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import redis
-from celery import Celery
+from celery import Celery, signals
 
+from broker.message import GENERATE_TASK
 from common import errors
 from common.backoff import backoff_delay
 from common.settings import Settings
-from worker.contract import GENERATE_TASK
 
 # Redis restarting: try again soon; if even this publish fails, the reconciler finds the
 # sample (pending, no lease, no message) and re-enqueues it.
@@ -24,7 +24,7 @@ REDIS_RETRY_S = 5.0
 
 
 class Processor(Protocol):
-    """The work behind a message (``worker.processing.SampleProcessor``)."""
+    """The work behind a message (``worker.pipeline.processing.SampleProcessor``)."""
 
     def process(self, run: str, sample_id: str, retries: int = 0) -> str: ...
     def fail(self, run: str, sample_id: str, exc: errors.GenerationError) -> None: ...
@@ -92,3 +92,26 @@ def _follow(
     if step.counts_as_retry:
         work.count_retry(run)
     raise task.retry(countdown=step.countdown, exc=exc) from None
+
+
+def connect_signals(
+    app: Celery, on_ready: Callable[[], None], on_stopping: Callable[[], None],
+    on_shutdown: Callable[[], None],
+) -> None:  # fmt: skip
+    """Run the callbacks when the worker running ``app`` is ready, stopping, shut down."""
+
+    # Signals are global in Celery: only react for the worker running this app.
+    def ready(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            on_ready()
+
+    def stopping(sender: Any = None, **_: Any) -> None:
+        on_stopping()
+
+    def shutdown(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", app) is app:
+            on_shutdown()
+
+    signals.worker_ready.connect(ready, weak=False)
+    signals.worker_shutting_down.connect(stopping, weak=False)
+    signals.worker_shutdown.connect(shutdown, weak=False)

@@ -11,13 +11,13 @@ import kombu.exceptions
 import pytest
 import redis
 
+from broker.app import create_broker_app
 from common.settings import Settings
 from common.store import connect
 from tests.deploy.redis_servers import RedisServers, assert_not_in_logs
 from tests.harness import ROOT, Procs
 from tests.services import require_tool
 from tests.stack import Stack
-from worker.app import create_app
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +51,7 @@ def tls_url(port: int, **ssl_options: str) -> str:
 
 def broker_answers(url: str) -> bool:
     """Whether Celery, configured like every EagleGen process, reaches the broker at ``url``."""
-    with create_app(Settings(redis_url=url)).connection_for_write() as conn:
+    with create_broker_app(Settings(redis_url=url)).connection_for_write() as conn:
         conn.ensure_connection(max_retries=1)
         return bool(conn.default_channel.client.ping())
 

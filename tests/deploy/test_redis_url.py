@@ -6,11 +6,11 @@ import ssl
 
 import pytest
 
+from broker.config import celery_config
 from common.errors import ConfigError
 from common.logs import secrets_of
 from common.redis_url import broker_url, parse_sentinel, passwords, tls_options
 from common.settings import Settings
-from worker.config import celery_config
 
 SENTINELS = "sentinel://:pw@h1:26379;sentinel://h2:26380;sentinel://h3/2"
 

@@ -25,8 +25,8 @@ from common.store import RunStore, connect
 from tests.harness import delete_keys, free_port, wait_for
 from tests.services import reachable_redis
 from tests.stack import Stack
-from worker.capacity import Slot, SlotTable
-from worker.ratelimit import RateLimiter
+from worker.endpoints.capacity import Slot, SlotTable
+from worker.endpoints.ratelimit import RateLimiter
 
 FAST = ("--time-per-token", "0.01", "--max-answer-tokens", "40", "--reasoning-tokens", "0")
 

@@ -74,10 +74,11 @@ TWO_PASSES = """
 import threading
 from common.settings import Settings
 from common.store import connect
-from worker.app import create_app
-from worker.reconcile import Reconciler
+from broker.app import create_broker_app
+from worker.pipeline.reconcile import Reconciler
 settings = Settings()
-reconciler = Reconciler(connect(settings.redis_url), settings, create_app(settings).publish_samples)
+hand_back = create_broker_app(settings).publish_samples
+reconciler = Reconciler(connect(settings.redis_url), settings, hand_back)
 reconciler.run_once([settings.run])
 threading.Event().wait(1.0)
 print("republished", sum(len(r.republished) for r in reconciler.run_once([settings.run])))

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from common.keys import queue_lists
+from broker.app import create_broker_app
+from broker.layout import queue_lists
+from broker.publish import publish
 from common.settings import Settings
 from common.store import connect
 from tests.deploy.redis_servers import RedisServers
 from tests.harness import Procs
 from tests.stack import Stack
-from worker.app import create_app
-from worker.publish import publish
 
 ROWS = 600  # three batches of the producer's 256
 
@@ -58,7 +58,7 @@ def test_each_batch_is_one_pipeline_and_a_second_enqueue_sends_nothing(
 
 
 def test_a_batch_redis_refuses_raises_the_redis_error_as_one_message_would(own_redis: str):
-    app = create_app(Settings(redis_url=own_redis, queue="q"))
+    app = create_broker_app(Settings(redis_url=own_redis, queue="q"))
     client = connect(own_redis)
     try:
         assert publish(app, "q", "r", ["a"]) == 1  # the queue is declared

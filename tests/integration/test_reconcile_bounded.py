@@ -1,6 +1,6 @@
 """The reconciler's cost does not grow with the queue, and its passes never overlap: real Redis.
 
-Messages are real kombu messages put on the test's queue by ``worker.publish``; delivered ones
+Messages are real kombu messages put on the test's queue by ``broker.publish``; delivered ones
 are staged in kombu's ``unacked`` hash as a dead worker would leave them.
 """
 
@@ -10,15 +10,15 @@ import json
 import threading
 import time
 
-from common.keys import UNACKED, UNACKED_INDEX
+from broker.app import create_broker_app
+from broker.layout import UNACKED, UNACKED_INDEX
+from broker.publish import publish
+from broker.scan import PAGE, queued_refs
 from common.models import GenParams, Sample, SourceRef
 from common.settings import Settings
 from tests.harness import wait_for
 from tests.stack import Stack
-from worker.app import create_app
-from worker.broker_scan import PAGE, queued_refs
-from worker.publish import publish
-from worker.reconcile import Reconciler, ReconcilerLoop
+from worker.pipeline.reconcile import Reconciler, ReconcilerLoop
 
 LIMIT = 50
 
@@ -40,7 +40,7 @@ def _samples(stack: Stack, n: int) -> list[str]:
 
 
 def _publish(stack: Stack, settings: Settings, ids: list[str]) -> None:
-    publish(create_app(settings), settings.queue, stack.run_name, ids)
+    publish(create_broker_app(settings), settings.queue, stack.run_name, ids)
 
 
 class Republished:
@@ -162,7 +162,7 @@ def test_a_pass_that_lost_its_lock_is_told_to_stop(stack: Stack):
 
 def test_the_queue_is_read_page_by_page_without_missing_a_message(stack: Stack):
     ids = [f"p{i}" for i in range(3 * PAGE + 7)]
-    publish(create_app(_settings(stack)), stack.env["EAGLEGEN_QUEUE"], stack.run_name, ids)
+    publish(create_broker_app(_settings(stack)), stack.env["EAGLEGEN_QUEUE"], stack.run_name, ids)
     refs = list(queued_refs(stack.store.r, stack.env["EAGLEGEN_QUEUE"]))
     assert sorted(r.sample_id for r in refs) == sorted(ids)
     assert all(r.queued and r.run == stack.run_name for r in refs)

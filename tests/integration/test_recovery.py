@@ -8,10 +8,10 @@ import time
 
 import httpx
 
+from broker.app import create_broker_app
+from broker.publish import publish
 from tests.harness import wait_for
 from tests.stack import Stack
-from worker.app import create_app
-from worker.publish import publish
 
 FAST_RECOVERY = {"EAGLEGEN_LEASE_TTL": "3", "EAGLEGEN_RECONCILE_INTERVAL": "1"}
 
@@ -75,7 +75,7 @@ def test_messages_for_finished_samples_are_acked_without_calling_the_model(stack
     before = _sim_stats(url)["requests"]
     ids = sorted(stack.store.r.smembers(stack.store.keys.accepted))
     queue = stack.env["EAGLEGEN_QUEUE"]
-    publish(create_app(stack.settings), queue, stack.run_name, ids * 2)
+    publish(create_broker_app(stack.settings), queue, stack.run_name, ids * 2)
     wait_for(
         lambda: stack.queued() == 0,
         30,

@@ -17,8 +17,8 @@ from common.models import GenParams
 from common.settings import Settings
 from tests.harness import free_port, wait_for
 from tests.stack import Stack
-from worker.capacity import Slot, SlotTable
-from worker.routing import Choice, Load, choose
+from worker.endpoints.capacity import Slot, SlotTable
+from worker.endpoints.routing import Choice, Load, choose
 
 URLS = [f"http://{name}/v1" for name in "abcd"]
 FAST = ("--time-per-token", "0.005", "--max-answer-tokens", "24", "--reasoning-tokens", "0")

@@ -6,7 +6,7 @@ import json
 
 import httpx
 
-from common.keys import UNACKED
+from broker.layout import UNACKED
 from tests.harness import wait_for
 from tests.stack import Stack
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from common.settings import Settings
 from tests.stack import Stack
-from worker.capacity import Slot, SlotTable
-from worker.endpoints import EndpointPool
+from worker.endpoints.capacity import Slot, SlotTable
+from worker.endpoints.pool import EndpointPool
 
 URL = "http://a/v1"
 

@@ -18,7 +18,7 @@ from common import errors
 from common.models import Checkpoint, GenParams, TurnResult
 from common.settings import Settings
 from tests.vllm.server import Server
-from worker.client import ChatClient
+from worker.chat.client import ChatClient
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]  # server start-up included
 

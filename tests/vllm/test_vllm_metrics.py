@@ -13,7 +13,7 @@ import pytest
 from tests.harness import wait_for
 from tests.stack import Stack
 from tests.vllm.server import Server, report, start_server, stop_server
-from worker.capacity import EndpointView, SlotTable
+from worker.endpoints.capacity import EndpointView, SlotTable
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]  # server start-up included
 

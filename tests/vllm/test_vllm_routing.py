@@ -17,7 +17,7 @@ import pytest
 from tests.harness import ROOT
 from tests.stack import Stack
 from tests.vllm.server import Server, report, start_server, stop_server
-from worker.server_cache import parse_prefix_cache
+from worker.endpoints.server_cache import parse_prefix_cache
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 

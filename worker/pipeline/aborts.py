@@ -31,7 +31,7 @@ from common.models import Checkpoint
 from common.request_store import RequestRef
 from common.settings import Settings
 from common.store import RunStore
-from worker.checkpoints import TurnCheckpoints
+from worker.chat.checkpoints import TurnCheckpoints
 
 log = logging.getLogger("eaglegen.worker")
 ROUTE = "/inference/v1/abort_requests"

@@ -15,8 +15,8 @@ from typing import Any
 
 import redis
 
-from common.keys import UNACKED, UNACKED_INDEX, queue_lists
-from worker.contract import decode_args
+from broker.layout import UNACKED, UNACKED_INDEX, queue_lists
+from broker.message import decode_args
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ PAGE = 500
 def queued_refs(client: redis.Redis, queue: str) -> Iterator[MessageRef]:
     """Every generate-task message waiting in ``queue`` (all priority sub-queues).
 
-    Read a page at a time: a whole 10,000-message list at once peaked at 20 MiB in the pass,
-    a high-water mark the worker's RSS then kept. Producers push on the left and consumers pop
+    Read a page at a time: a whole long list at once is a memory peak in the pass, a
+    high-water mark the worker's RSS then keeps. Producers push on the left and consumers pop
     on the right, so a later page can repeat a message (harmless) but never skips one.
     """
     for name in queue_lists(queue):

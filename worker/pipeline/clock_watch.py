@@ -20,7 +20,7 @@ import redis
 from common.clock import measure_skew
 from common.keys import clocks_key
 from common.settings import Settings
-from worker.ticker import Ticker
+from worker.pipeline.ticker import Ticker
 
 log = logging.getLogger("eaglegen.clock")
 EVERY_S = 300.0

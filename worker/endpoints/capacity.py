@@ -9,7 +9,7 @@ frees itself after ``slot_ttl``.
 A thread waiting for a slot holds nothing: it is not in any set until the script admits it.
 It sleeps until woken by our own releases at once and by other processes' releases through a
 pub/sub message naming the endpoint, with a slow poll as the safety net. A thread waiting for
-one endpoint in particular (``worker/routing.py``: a later turn for its previous server) is
+one endpoint in particular (``routing.py``: a later turn for its previous server) is
 woken by that endpoint's releases before any other waiter.
 """
 
@@ -32,7 +32,7 @@ import redis
 
 from common import errors, lua
 from common.keys import EndpointKeys
-from worker.routing import LOAD_FLOOR
+from worker.endpoints.routing import LOAD_FLOOR
 
 log = logging.getLogger("eaglegen.capacity")
 FREED = "1:"  # a release message: FREED + the endpoint (a bare "1" from older workers)
@@ -114,7 +114,7 @@ class SlotTable:
         self, token: str, ranking: Sequence[str], eligible: Collection[str], load_bound: float,
         wait: bool, floor: float = LOAD_FLOOR,
     ) -> Routed:  # fmt: skip
-        """A slot by the routing policy (``worker/routing.py``) over ``ranking``, in one script.
+        """A slot by the routing policy (``routing.py``) over ``ranking``, in one script.
 
         ``wait``: return ``waiting_for`` rather than fall back when the first choice is full.
         """

@@ -4,8 +4,8 @@ The goal is a server that runs full with its waiting queue near zero. vLLM's
 ``num_requests_waiting`` says when we send more than it runs at once, and ``num_requests_running``
 at that moment is what it can run; the cap goes there, plus a small queue (``headroom``, 10% of
 what runs): a request finishing frees its slot before the client that sent it has noticed and
-sent the next one, and a few requests waiting keep the batch full through that hand-off (on
-this machine a cap of exactly the server's capacity left 4% of its slots idle). While the
+sent the next one, and a few requests waiting keep the batch full through that hand-off (a
+cap of exactly the server's capacity leaves some of its slots idle). While the
 server runs everything we send and our slots are all taken, the cap grows: fast until the
 server first queues, then one slot at a time every few reads, and fast again when such probes
 keep succeeding (the server's capacity went up). KV-cache usage near full holds the cap.
@@ -27,8 +27,8 @@ import redis
 from common.keys import EndpointKeys
 from common.locks import HeldLock
 from common.settings import Settings
-from worker.capacity import SlotTable
-from worker.vllm_metrics import family_values, metrics_url
+from worker.endpoints.capacity import SlotTable
+from worker.endpoints.vllm_metrics import family_values, metrics_url
 
 log = logging.getLogger("eaglegen.adaptive")
 
@@ -125,8 +125,8 @@ class AdaptiveDriver:
         )
         self.states: dict[str, CapState] = {}
         self._locks: dict[str, HeldLock] = {}
-        # A loaded server can take over a second to render /metrics (seen: 1.3 s on two cores); a
-        # read that times out only leaves the cap as it is, so the timeout need not be tight.
+        # A loaded server can take over a second to render /metrics; a read that times out
+        # only leaves the cap as it is, so the timeout need not be tight.
         self._http = httpx.Client(timeout=5.0)
         # Long enough to survive a few missed reads, short enough that a stale cap goes away.
         self.cap_ttl = max(30.0, settings.adaptive_interval * 10)

@@ -17,8 +17,8 @@ from common.metrics import RunCollector, WorkerMetrics, serve
 from common.models import TurnResult
 from common.settings import Settings
 from common.stats import StatsRecorder
-from worker.server_cache import PrefixCacheCollector
-from worker.ticker import Ticker
+from worker.endpoints.server_cache import PrefixCacheCollector
+from worker.pipeline.ticker import Ticker
 
 log = logging.getLogger("eaglegen.worker")
 # Turn and sample statistics are written this often: a killed worker loses at most this much

@@ -1,10 +1,10 @@
 """The one place that talks HTTP to an OpenAI-compatible server.
 
-A thin client: the request body is one ``json.dumps``, the HTTP is :mod:`worker.transport`
+A thin client: the request body is one ``json.dumps``, the HTTP is :mod:`worker.chat.transport`
 (keep-alive connections on ``http.client``) and the stream is read by one decoder
-(:mod:`worker.stream`), bytes in, the turn out. The openai SDK's request building cost about
-1 ms per request, its line reader about 15 us per streamed token, httpx's HTTP layer about
-18 us per streamed token (bench/bench_client.py). Requests are streamed: the read timeout is
+(:mod:`worker.chat.stream`), bytes in, the turn out: the openai SDK's request building and line
+reader and httpx's HTTP layer each cost more per streamed token than this path does
+(bench/bench_client.py compares them). Requests are streamed: the read timeout is
 the stall timeout (no byte for N seconds), so a slow generation that keeps producing tokens is
 never cut, while a dead stream is noticed. Transport errors and HTTP statuses are translated
 here, once, into the EagleGen exception tree.
@@ -12,10 +12,12 @@ here, once, into the EagleGen exception tree.
 Token ids (vLLM's ``return_token_ids``) are asked for per ``Settings.token_ids``; whether an
 endpoint gives them is learned from its first answers and remembered (:class:`IdSupport`).
 
-A turn cut short continues from a :class:`~common.models.Checkpoint` (docs/resume-client.md):
+A turn cut short continues from a :class:`~common.models.Checkpoint` (docs/resume.md):
 exactly from its token ids on ``/v1/completions``, else from its text with
-``continue_final_message``. While a turn streams, a :class:`Progress` is offered checkpoints,
-and an error that breaks a stream carries the checkpoint of what had arrived.
+``continue_final_message``, and only where the server proves it continues (else the turn
+starts again: an answer given afresh is never joined to the partial). While a turn streams, a
+:class:`Progress` is offered checkpoints, and an error that breaks a stream carries the
+checkpoint of what had arrived.
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ from typing import Any, Protocol
 from common import errors
 from common.models import Checkpoint, GenParams, TurnResult
 from common.settings import Settings
-from worker import transport
-from worker.reasoning import partial_message
-from worker.request_ids import new_request_id
-from worker.stream import CompletionStream, TurnStream
+from worker.chat import transport
+from worker.chat.reasoning import partial_message
+from worker.chat.request_ids import new_request_id
+from worker.chat.stream import CompletionStream, TurnStream
 
 Messages = list[dict[str, Any]]
 Check = Callable[[], None]

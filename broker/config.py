@@ -1,4 +1,4 @@
-"""Celery settings for long LLM calls, each with the reason it is set (FIELD_NOTES §3)."""
+"""Celery settings for long LLM calls, each with the reason it is set."""
 
 from __future__ import annotations
 
@@ -48,14 +48,14 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         # One message per slot: a prefetched message waits behind a 30-minute generation.
         "worker_prefetch_multiplier": 1,
-        # Each slot only waits on HTTP: threads are cheap (95 MiB for 100 calls vs 46 MiB/slot
-        # for prefork) and deadlines are enforced by the client, not Celery time limits.
+        # Each slot only waits on HTTP: a thread costs a fraction of a prefork process's memory,
+        # and deadlines are enforced by the client, not Celery time limits.
         "worker_pool": "threads",
         "worker_concurrency": settings.concurrency,
         "broker_pool_limit": settings.concurrency + 8,
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
-        # True kills in-flight generations on a Redis blip (20 wasted calls measured); the
+        # True kills every in-flight generation on a Redis blip, wasting their GPU time; the
         # leases and the idempotent store already cover a lost connection.
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         # Task events cost a PUBLISH per state change; only Flower's task views read them.

@@ -1,7 +1,7 @@
 """Choosing an endpoint for each request, under cluster-wide caps.
 
-A request waits, holding nothing, for a slot (``worker/capacity.py``): by default on the
-endpoint its routing hint prefers (``worker/routing.py``: its previous turn's server, or one
+A request waits, holding nothing, for a slot (``capacity.py``): by default on the
+endpoint its routing hint prefers (``routing.py``: its previous turn's server, or one
 drawn from its leading prefix) while that one's load is within bounds, else on the endpoint
 with the most free capacity cluster-wide; then the optional rate limits let it go. How it ends is
 reported back: an endpoint failing repeatedly is taken out for a cool-down, probed in the
@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import redis
@@ -27,16 +27,14 @@ from common.logs import secrets_of
 from common.models import Checkpoint, GenParams, TurnResult
 from common.redact import redact
 from common.settings import Settings
-from worker.adaptive import AdaptiveDriver
-from worker.capacity import CapacityUnavailable, FreeSignal, Routed, Slot, SlotTable
-from worker.client import ChatClient, Messages, Progress
-from worker.health import EndpointHealth, counts_against
-from worker.ratelimit import RateLimiter
-from worker.routing import Route, RouteHint, plan
+from worker.chat.client import ChatClient, Check, Messages, Progress
+from worker.endpoints.capacity import CapacityUnavailable, FreeSignal, Routed, Slot, SlotTable
+from worker.endpoints.health import EndpointHealth, counts_against
+from worker.endpoints.ratelimit import RateLimiter
+from worker.endpoints.routing import Route, RouteHint, plan
 
 log = logging.getLogger("eaglegen.endpoints")
 
-Check = Callable[[], None]
 FIRST_PAUSE = 0.05  # seconds; a waiter's poll grows from here when no wake-up comes
 MAX_PAUSE = 1.0
 PROBE_TICK = 0.5
@@ -46,7 +44,11 @@ NOT_ADMITTED = (errors.ConnectError, errors.RateLimited, errors.ServerError, err
 
 
 class EndpointPool:
-    """The configured endpoints, their shared caps, their health, and the threads behind them."""
+    """The configured endpoints, their shared caps and their health.
+
+    Its background work (``check_all``, ``renew_loop``, ``probe_loop``, ``listen``) runs on
+    threads the composition root (``worker.app``) starts; each loop ends at ``close()``.
+    """
 
     def __init__(
         self, settings: Settings, client: redis.Redis, table: SlotTable,
@@ -63,28 +65,7 @@ class EndpointPool:
         self._held: set[Slot] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
         self._secrets = secrets_of(settings)
-
-    @classmethod
-    def build(cls, settings: Settings, client: redis.Redis) -> EndpointPool:
-        """The pool of the configured endpoints, with their caps, rate limits and clients."""
-        limiter = _limiter(settings, client)
-        clients = {url: _client(url, settings, limiter) for url in settings.endpoints}
-        caps = {url: settings.cap_for(url) for url in settings.endpoints}
-        table = SlotTable(client, settings.key_prefix, caps, settings.slot_ttl)
-        return cls(settings, client, table, clients, limiter)
-
-    def start(self) -> None:
-        """Start renewing slots, probing endpoints, hearing wake-ups (and adapting caps)."""
-        if self._threads:
-            return
-        self._threads = [self._start(self.check_all, "endpoint-check"),
-                         self._start(self._renew_loop, "slot-renewer"),
-                         self._start(self._probe_loop, "endpoint-prober"),
-                         self._start(self._listen, "slot-wakeups")]  # fmt: skip
-        if self.settings.adaptive:
-            self._threads.append(self._start(self._adapt, "adaptive-caps"))
 
     @contextmanager
     def borrow(
@@ -112,8 +93,13 @@ class EndpointPool:
         with self._lock:
             return len(self._held)
 
+    @property
+    def stopped(self) -> threading.Event:
+        """Set by ``close()``: the background loops end on it."""
+        return self._stop
+
     def close(self) -> None:
-        """Stop the threads, give back held slots, close every client."""
+        """Stop the loops, give back held slots, close every client."""
         self._stop.set()
         self.signal.notify_all()
         if self.limiter is not None:
@@ -272,7 +258,8 @@ class EndpointPool:
         except redis.RedisError as err:
             log.warning("endpoint state not published: %s", err)
 
-    def _probe_loop(self) -> None:
+    def probe_loop(self) -> None:
+        """Probe endpoints that are out once their cool-down is over, until ``close()``."""
         while not self._stop.wait(PROBE_TICK):
             now = time.monotonic()
             with self._lock:
@@ -293,13 +280,9 @@ class EndpointPool:
             return
         self._record(url, None)
 
-    # -- background ----------------------------------------------------------------------
-    def _start(self, target: Callable[[], None], name: str) -> threading.Thread:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        thread.start()
-        return thread
-
-    def _renew_loop(self) -> None:
+    # -- background (threads started by worker.app) ------------------------------------
+    def renew_loop(self) -> None:
+        """Renew the held slots' leases every third of their TTL, until ``close()``."""
         # By time, not by stream progress: a request the server queues for minutes is still ours.
         while not self._stop.wait(self.settings.slot_ttl / 3):
             try:
@@ -323,11 +306,9 @@ class EndpointPool:
             log.warning("%d slot leases had expired before renewal; counted again", restored)
         return restored
 
-    def _listen(self) -> None:
+    def listen(self) -> None:
+        """Hear other processes' slot releases (wake-ups for waiters), until ``close()``."""
         self.signal.listen(self.r, self.table.channel, self._stop)
-
-    def _adapt(self) -> None:
-        AdaptiveDriver(self.settings, self.r, self.table).run(self._stop)
 
 
 class _MeteredClient(ChatClient):
@@ -375,13 +356,15 @@ def estimate_prompt_tokens(messages: Messages) -> int:
     return sum(len(str(m.get("content") or "")) // 4 + 4 for m in messages)
 
 
-def _limiter(settings: Settings, client: redis.Redis) -> RateLimiter | None:
+def rate_limiter(settings: Settings, client: redis.Redis) -> RateLimiter | None:
+    """The cluster-wide rate limits, if any is configured."""
     if settings.rpm is None and settings.tpm is None:
         return None
     return RateLimiter(client, settings.key_prefix, settings.rpm, settings.tpm)
 
 
-def _client(url: str, settings: Settings, limiter: RateLimiter | None) -> ChatClient:
+def chat_client(url: str, settings: Settings, limiter: RateLimiter | None) -> ChatClient:
+    """The client of one endpoint, metered when a tokens/min limit is set."""
     if limiter is not None and limiter.tpm is not None:
         return _MeteredClient(url, settings, limiter)
     return ChatClient(url, settings)

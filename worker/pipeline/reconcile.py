@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 
 import redis
 
+from broker.scan import MessageRef, queued_count, queued_refs, unacked_refs
 from common.clock import redis_time
 from common.keys import reconciler_lock_key
 from common.locks import HeldLock
 from common.settings import Settings
 from common.store import RunStore
-from worker.aborts import Aborter
-from worker.broker_scan import MessageRef, queued_count, queued_refs, unacked_refs
-from worker.ticker import Ticker
+from worker.pipeline.aborts import Aborter
+from worker.pipeline.ticker import Ticker
 
 log = logging.getLogger("eaglegen.reconcile")
 Publish = Callable[[str, list[str]], object]
@@ -82,7 +82,7 @@ def lost_samples(
     delivery (or its retry ETA): a live worker takes the lease at once, so a delivered message
     with no lease after that long belongs to a dead worker. ``now`` is Redis's clock; delivery
     times and ETAs are the workers' (kombu and Celery write them), which each worker checks
-    against Redis's (worker/clock_watch.py).
+    against Redis's (worker/pipeline/clock_watch.py).
     """
     alive = {r.sample_id for r in refs if r.queued or now - r.since < grace}
     return pending - leased - alive

@@ -1,6 +1,6 @@
 """Generating one sample under its lease: the work behind each task message.
 
-Pure generation logic (turns, history, the record) is in ``worker/generate.py``; HTTP and
+Pure generation logic (turns, history, the record) is in ``worker/pipeline/generate.py``; HTTP and
 routing are behind ``endpoints``; this module ties them to the sample's state in Redis.
 """
 
@@ -25,27 +25,15 @@ from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
 from common.redact import redact
 from common.settings import Settings
 from common.store import RunStore, Taken
-from worker.aborts import Aborter, TurnRequests
-from worker.checkpoints import TurnCheckpoints
-from worker.client import Messages, Progress
-from worker.generate import answer_turns, build_record
-from worker.leases import LeaseKeeper
-from worker.observe import Observer
-from worker.routing import RouteHint, hint_for
+from worker.chat.checkpoints import TurnCheckpoints
+from worker.chat.client import ChatClient, Check, Messages
+from worker.endpoints.routing import RouteHint, hint_for
+from worker.pipeline.aborts import Aborter, TurnRequests
+from worker.pipeline.generate import answer_turns, build_record
+from worker.pipeline.leases import LeaseKeeper
+from worker.pipeline.observe import Observer
 
 log = logging.getLogger("eaglegen.worker")
-Check = Callable[[], None]
-
-
-class TurnClient(Protocol):
-    """What a borrowed endpoint client does: one assistant turn."""
-
-    def complete(
-        self, messages: Messages, params: GenParams, check: Check | None = None, *,
-        turn: int = 0, resume: Checkpoint | None = None, progress: Progress | None = None,
-    ) -> TurnResult:  # fmt: skip
-        """Generate turn ``turn``, continuing ``resume``; checkpoints go to ``progress``."""
-        ...
 
 
 class Endpoints(Protocol):
@@ -53,7 +41,7 @@ class Endpoints(Protocol):
 
     def borrow(
         self, check: Check | None = None, hint: RouteHint | None = None
-    ) -> AbstractContextManager[TurnClient]:
+    ) -> AbstractContextManager[ChatClient]:
         """A client of the endpoint chosen for one request (``hint``: where its prefix is)."""
         ...
 

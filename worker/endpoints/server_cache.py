@@ -16,7 +16,7 @@ import httpx
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from worker.vllm_metrics import family_values, metrics_url
+from worker.endpoints.vllm_metrics import family_values, metrics_url
 
 QUERIES = "vllm:prefix_cache_queries"
 HITS = "vllm:prefix_cache_hits"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import redis
 
 from common.store import RunStore
-from worker.ticker import Ticker
+from worker.pipeline.ticker import Ticker
 
 log = logging.getLogger("eaglegen.worker")
 

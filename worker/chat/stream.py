@@ -12,7 +12,7 @@ from typing import Any
 
 from common import errors
 from common.models import Checkpoint, TurnResult, Usage
-from worker.reasoning import continue_text, finish_text
+from worker.chat.reasoning import continue_text, finish_text
 
 # The JSON scanner at an offset (json.loads would first copy the payload out and re-check it).
 _scan = json.JSONDecoder().raw_decode

@@ -9,13 +9,13 @@ from celery import Celery
 from kombu.exceptions import BatchPublishError
 from kombu.utils.uuid import uuid
 
-from worker.contract import GENERATE_TASK, NORMAL_PRIORITY, URGENT_PRIORITY, task_args
+from broker.message import GENERATE_TASK, NORMAL_PRIORITY, URGENT_PRIORITY, task_args
 
 
 def publish(app: Celery, queue: str, run: str, ids: Iterable[str], urgent: bool = False) -> int:
     """Send one task per id, pipelined over one broker connection; returns how many were sent.
 
-    kombu's publish batch sends the messages' LPUSHes together (a round trip per 1,000, not
+    kombu's publish batch sends the messages' LPUSHes together (one round trip per batch, not
     one each). A failed flush raises the Redis error behind it, as a single publish would:
     its samples are pending already, so the reconciler re-publishes any whose message is lost.
     """
@@ -30,7 +30,7 @@ def publish(app: Celery, queue: str, run: str, ids: Iterable[str], urgent: bool 
 def _publish(app: Celery, queue: str, run: str, ids: Iterable[str], priority: int) -> int:
     # Celery's own two steps under send_task: build the message, send it (signals, sent event
     # and retry policy included). send_task around them routes, merges options, wraps the
-    # result and acquires a producer per message: 40% of the producer's time in a profile.
+    # result and acquires a producer per message, work a batch of ours does once.
     amqp = app.amqp
     sent = 0
     with app.producer_or_acquire() as producer, producer.batch():
