@@ -134,6 +134,7 @@ bench: install-dev redis
 	$(PY) bench/bench_tokenize.py --rows 20000 --json bench/results/tokenize.json
 	$(PY) bench/bench_routing.py
 	$(PY) bench/bench_checkpoint.py
+	$(PY) bench/bench_capture.py
 
 # 100k zero-latency samples through 2 workers x 32 (Redis db 12, about 8 min on 2 cores): RSS per
 # worker at each 10k, log bytes per 1,000 samples, Redis bytes before and after retiring the run.

@@ -117,7 +117,7 @@ class OldClient:
     def complete(self, messages: list[dict[str, Any]], params: GenParams) -> int:
         request = {
             "model": self.model, "messages": messages, "max_tokens": params.max_tokens,
-            "temperature": params.temperature, "top_p": params.top_p, "stream": True,
+            **params.sampling(), "stream": True,
             "stream_options": {"include_usage": True},
         }  # fmt: skip
         raw = self._client.chat.completions.with_streaming_response.create(**request)

@@ -11,6 +11,8 @@ import json
 from typing import Any
 
 GENERATE_TASK = "eaglegen.generate"
+CAPTURE_TASK = "eaglegen.capture"  # capture/: the same (run, id) message on its own queue
+TASK_NAMES = (GENERATE_TASK, CAPTURE_TASK)
 
 # kombu's Redis transport keeps one list per priority step (0, 3, 6, 9) and serves 0 first.
 # New work goes in at 6; samples coming back from a dead or stopping worker go in at 0, so
@@ -25,9 +27,9 @@ def task_args(run: str, sample_id: str) -> list[str]:
 
 
 def decode_args(message: dict[str, Any]) -> tuple[str, str] | None:
-    """(run, id) of a raw kombu message of the generate task; None for anything else."""
+    """(run, id) of a raw kombu message of an EagleGen task; None for anything else."""
     headers = message.get("headers") or {}
-    if headers.get("task") != GENERATE_TASK:
+    if headers.get("task") not in TASK_NAMES:
         return None
     try:
         args = json.loads(base64.b64decode(message["body"]))[0]

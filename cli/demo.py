@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cli.enqueue_cmd import run_enqueue
 from common.errors import EagleGenError
+from common.keys import CUT_TURNS, DROPPED_TURNS
 from common.models import GenParams
 from common.settings import Settings
 from common.store import RunStore, connect
@@ -142,11 +143,13 @@ def _summary(store: RunStore, out: Path, elapsed: float, console: Console) -> No
     counts = store.counts()
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     unique = len(set(ids))
+    cut, dropped = store.r.hmget(store.keys.counters, [CUT_TURNS, DROPPED_TURNS])
     print(
         f"demo run {store.run}: {counts.total} samples, {counts.done} answered, "
         f"{counts.failed} failed, {len(ids)} lines ({unique} distinct ids), "
         f"{elapsed:.1f} s wall, {counts.done / elapsed:.1f} samples/s, "
-        f"{counts.completion_tokens} completion tokens"
+        f"{counts.completion_tokens} completion tokens, {int(cut or 0)} turns cut at max_tokens "
+        f"({int(dropped or 0)} later turns dropped)"
     )
     print(f"output: {out}")
     if unique != len(ids) or len(ids) != counts.done:

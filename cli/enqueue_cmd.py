@@ -11,7 +11,8 @@ from common.models import GenParams
 from common.settings import Settings
 from common.store import RunStore
 from producer.enqueue import EnqueueCounts, Feeder
-from producer.readers import open_source
+from producer.preflight import check_max_tokens, server_limits
+from producer.readers import SourceInfo, open_source
 
 MAX_INVALID_SHOWN = 20
 
@@ -26,8 +27,9 @@ def run_enqueue(
     subset: str | None,
     limit: int | None,
 ) -> EnqueueCounts:
-    """Feed ``source`` into the run and print the one-line summary."""
+    """Feed ``source`` into the run and print the one-line summary (stdout; the rest stderr)."""
     console = Console(stderr=True)
+    room = max_prompt_tokens(settings, params, console)
     info, rows = open_source(source, split, subset)
     store.ensure_params(params, settings.queue)
     broker = create_broker_app(settings)
@@ -36,7 +38,7 @@ def run_enqueue(
     def on_invalid(row: int, reason: str) -> None:
         shown[0] += 1
         if shown[0] <= MAX_INVALID_SHOWN:
-            console.print(f"row {row}: skipped, {reason}", highlight=False)
+            console.print(f"{where(info, row)}: skipped, {reason}", highlight=False)
         elif shown[0] == MAX_INVALID_SHOWN + 1:
             console.print("(further invalid rows are counted, not shown)")
 
@@ -45,16 +47,39 @@ def run_enqueue(
         task = progress.add_task(f"enqueue {info.dataset} -> run {store.run}", total=total, info="")
 
         def on_progress(counts: EnqueueCounts) -> None:
-            progress.update(task, completed=counts.rows, info=counts.line())
+            progress.update(task, completed=counts.rows, info=f"enqueued {counts.enqueued}")
 
         feeder = Feeder(
             store=store, params=params, info=info,
             publish=lambda ids: publish(broker, settings.queue, store.run, ids), fmt=fmt,
             max_pending=settings.max_pending, on_invalid=on_invalid, on_progress=on_progress,
+            max_prompt_tokens=room,
         )  # fmt: skip
         counts = feeder.run(rows, limit)
     print(counts.line())
     return counts
+
+
+def max_prompt_tokens(settings: Settings, params: GenParams, console: Console) -> int | None:
+    """What ``max_tokens`` leaves of the servers' ``max_model_len`` for a first prompt; refuses
+    (InvalidParams) a ``max_tokens`` that leaves nothing. None: no server said."""
+    limits = server_limits(settings.endpoints, settings.model, settings.api_key_value())
+    if limits.unchecked:
+        console.print(
+            "warning: max_tokens not checked against "
+            f"{'; '.join(limits.unchecked)} (the workers' errors still apply)",
+            highlight=False,
+        )
+    check_max_tokens(params, limits)
+    if limits.max_model_len is None:
+        return None
+    return limits.max_model_len - params.max_tokens
+
+
+def where(info: SourceInfo, index: int) -> str:
+    """A row named as a user finds it: the 1-based line of a JSONL file, else the 1-based row."""
+    unit = "line" if info.dataset.lower().endswith(".jsonl") else "row"
+    return f"{unit} {index + 1}"
 
 
 def _progress(console: Console) -> Progress:

@@ -11,7 +11,18 @@ from typing import Annotated, Any
 
 import redis
 import typer
+from rich.console import Console
 
+from cli import capture_cmd
+from cli.gen_options import (
+    GenerationConfigOpt,
+    MaxTokensOpt,
+    MinPOpt,
+    TemperatureOpt,
+    TopKOpt,
+    TopPOpt,
+    given_params,
+)
 from cli.shared import (
     RunOpt,
     console,
@@ -25,7 +36,10 @@ from cli.shared import (
 )
 from common.errors import EagleGenError
 from common.models import GenParams
+from common.params import validated
 from common.redact import redact_url
+
+WHOLE_WIDTH = 100_000  # columns for output that is not a terminal: nothing is cut
 
 app = typer.Typer(
     help="EagleGen: generate EAGLE-3 training data from vLLM servers over Celery + Redis.",
@@ -49,9 +63,12 @@ def enqueue(
     turns: Annotated[
         str, typer.Option(help="all: regenerate every turn; first: only the first.")
     ] = "all",
-    max_tokens: Annotated[int, typer.Option(min=1)] = 2048,
-    temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
-    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
+    max_tokens: MaxTokensOpt = None,
+    temperature: TemperatureOpt = None,
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    min_p: MinPOpt = None,
+    generation_config: GenerationConfigOpt = None,
     thinking: Annotated[
         bool | None,
         typer.Option("--thinking/--no-thinking", help="Pass enable_thinking to the template."),
@@ -59,6 +76,10 @@ def enqueue(
     max_pending: Annotated[
         int | None, typer.Option(min=1, help="Most samples waiting at once (backpressure).")
     ] = None,
+    history: Annotated[
+        str,
+        typer.Option(help="Tool calls: on-policy (while the calls match) or original."),
+    ] = "on-policy",
 ) -> None:
     """Add a dataset's prompts to a run: each distinct prompt once, ever."""
     from cli.enqueue_cmd import run_enqueue
@@ -67,12 +88,17 @@ def enqueue(
         fail(f"--format must be auto, openai, sharegpt, turns or prompt, not {fmt!r}", 2)
     if turns not in ("all", "first"):
         fail(f"--turns must be all or first, not {turns!r}", 2)
+    if history not in ("on-policy", "original"):
+        fail(f"--history must be on-policy or original, not {history!r}", 2)
     settings = load_settings(run=run, max_pending=max_pending)
     kwargs = {"enable_thinking": thinking} if thinking is not None else None
-    params = GenParams(
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, turns=turns,  # type: ignore[arg-type]
-        system=system, chat_template_kwargs=kwargs,
+    given = given_params(
+        generation_config, max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=min_p,
     )  # fmt: skip
+    fields = {"turns": turns, "system": system, "chat_template_kwargs": kwargs, **given,
+              "history": "original" if history == "original" else None}  # fmt: skip
+    params = validated(GenParams, fields)
     run_enqueue(settings, open_store(settings), source, params, fmt, split, subset, limit)
 
 
@@ -110,26 +136,28 @@ def collect(
 ) -> None:
     """Move finished samples from Redis to a JSONL file (exactly one line per sample)."""
     from collector.collect import Collector
+    from collector.files import created_files
     from collector.sink import JsonlSink
     from common.logs import setup_logging
 
     settings = load_settings(run=run)
     setup_logging(settings)
     store = open_store(settings)
-    sink = JsonlSink(out_path, settings.run)
-    stop = stop_on_signals()
-    collector = Collector(store, sink, settings.collect_batch, settings.collector_lock_ttl)
-    try:
-        if once:
-            stats = _collect_with_progress(collector, stop, store.ready_count())
-        else:
-            stats = collector.run(stop)
-    finally:
-        sink.close()
-    console.print(
+    with created_files(out_path):  # a collector that gives up leaves no empty file behind
+        sink = JsonlSink(out_path, settings.run)
+        stop = stop_on_signals()
+        collector = Collector(store, sink, settings.collect_batch, settings.collector_lock_ttl)
+        try:
+            if once:
+                stats = _collect_with_progress(collector, stop, store.ready_count())
+            else:
+                stats = collector.run(stop)
+        finally:
+            sink.close()
+    out.print(
         f"collected {stats.written} records into {out_path} "
-        f"(already in the file: {stats.skipped_present})"
-    )
+        f"(already in the file: {stats.skipped_present})", highlight=False,
+    )  # fmt: skip
 
 
 def _collect_with_progress(collector: Any, stop: threading.Event, total: int) -> Any:
@@ -156,30 +184,21 @@ def status(
     from cli import status_view
 
     settings = load_settings(run=run)
+    if capture_cmd.is_capture_run(settings):
+        return capture_cmd.show_status(settings, as_json)
     store = open_store(settings)
     if not store.exists() and not watch:
         if (summary := store.retired_summary()) is not None:
             fail(f"run {settings.run!r} is retired: {json.dumps(summary)}")
         fail(f"no run named {settings.run!r} in {redact_url(settings.redis_url)}")
+    # Piped or redirected: whole lines (no URL or message cut to a terminal's width).
+    view = out if out.is_terminal else Console(width=WHOLE_WIDTH, soft_wrap=True)
     if watch:
-        status_view.watch(out, store, settings, interval)
+        status_view.watch(view, store, settings, interval)
     elif as_json:
-        out.print_json(json.dumps(status_view.gather(store, settings)))
+        print(json.dumps(status_view.gather(store, settings), indent=2))
     else:
-        out.print(status_view.render(status_view.gather(store, settings)))
-
-
-@app.command("retry-failed")
-def retry_failed(run: RunOpt = None) -> None:
-    """Put a run's failed samples back in the queue."""
-    from broker.app import create_broker_app
-    from broker.publish import publish
-
-    settings = load_settings(run=run)
-    store = open_store(settings)
-    ids = store.requeue_failed()
-    sent = publish(create_broker_app(settings), settings.queue, settings.run, ids)
-    console.print(f"requeued {sent} failed samples of run {settings.run!r}")
+        view.print(status_view.render(status_view.gather(store, settings), out.is_terminal))
 
 
 @app.command()
@@ -231,11 +250,11 @@ def demo(
 
 def _register_plugins() -> None:
     # Other roles register their own commands; a missing extra only disables those.
-    from cli import endpoints_cmd, runs_cmd
+    from cli import capture_cmd, endpoints_cmd, failed_cmd, runs_cmd
     from simulator import cli as simulator_cli
     from training import cli as training_cli
 
-    for module in (simulator_cli, training_cli, endpoints_cmd, runs_cmd):
+    for module in (simulator_cli, training_cli, endpoints_cmd, runs_cmd, failed_cmd, capture_cmd):
         module.register(app)
 
 

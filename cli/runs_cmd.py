@@ -10,6 +10,8 @@ import typer
 from rich.table import Table
 
 from cli.shared import console, fail, load_settings, open_store, out
+from common.errors import InvalidParams
+from common.sampling import SERVER_DEFAULT, describe
 from common.store import RunStore
 
 runs_app = typer.Typer(
@@ -29,11 +31,18 @@ def runs(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     if as_json:
         out.print_json(json.dumps(rows))
         return
-    grid = Table("run", "state", "total", "written", "failed", "redis bytes")
+    grid = Table("run", "state", "total", "written", "failed", "redis bytes", "parameters")
     for row in rows:
         figures = [str(row[name]) for name in ("run", "state", "total", "written", "failed")]
-        grid.add_row(*figures, f"{row['redis_bytes']:,}")
+        grid.add_row(*figures, f"{row['redis_bytes']:,}", _params_text(row["params"]))
     out.print(grid)
+
+
+def _params_text(params: object) -> str:
+    if not isinstance(params, dict):
+        return str(params or "-")
+    chosen = [f"{k} {v}" for k, v in params.items() if v != SERVER_DEFAULT]
+    return ", ".join(chosen) + "; other sampling: the server's defaults"
 
 
 def _rows() -> list[dict[str, object]]:
@@ -53,7 +62,24 @@ def _row(store: RunStore) -> dict[str, object]:
         counts = store.counts()
         state = store.state(counts)
         figures = {"total": counts.total, "written": counts.written, "failed": counts.failed}
-    return {"run": store.run, "state": state, **figures, "redis_bytes": store.memory_bytes()}
+    return {"run": store.run, "state": state, **figures, "redis_bytes": store.memory_bytes(),
+            "params": _frozen_params(store, summary)}  # fmt: skip
+
+
+def _frozen_params(store: RunStore, summary: dict[str, object] | None) -> object:
+    """What the run was frozen with; unset sampling shown as the server's default."""
+    if summary is not None:
+        raw = summary.get("params")
+    else:
+        try:
+            found = store.params()
+        except InvalidParams as exc:
+            return str(exc)
+        raw = found.model_dump(exclude_none=True) if found else None
+    if not isinstance(raw, dict):
+        return None
+    shown = {k: v for k, v in raw.items() if v is not None}
+    return {**shown, **describe(shown)}
 
 
 @runs_app.command()

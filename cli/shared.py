@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -15,6 +16,7 @@ from rich.console import Console
 from common.redact import redact_url
 from common.settings import Settings
 from common.store import RunStore, connect
+from common.unknown_settings import unknown_settings
 
 console = Console(stderr=True, soft_wrap=True)
 out = Console()
@@ -36,6 +38,8 @@ def die(message: str) -> NoReturn:
 
 def load_settings(**overrides: Any) -> Settings:
     """The process's settings: environment and .env, then command-line overrides."""
+    if (warning := unknown_settings(os.environ)) is not None:
+        console.print(warning, highlight=False, markup=False)
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValueError as exc:

@@ -11,7 +11,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from cli.status_truth import truth
+from common import tool_counts
 from common.clock import redis_time
+from common.sampling import SAMPLING, SERVER_DEFAULT
 from common.settings import Settings
 from common.stats import Snapshot, eta_seconds, read_snapshot
 from common.store import RunCounts, RunStore
@@ -26,7 +29,7 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
         # A finished run's rates are those it had at its end, not diluted by time since.
         end = snap.last_finished_at
         snap = read_snapshot(store.r, store.keys, now=end, since=counts.started_at)
-    data: dict[str, Any] = {**counts.as_dict(), **snap.as_dict()}
+    data: dict[str, Any] = {**counts.as_dict(), **snap.as_dict(), **truth(store, settings, counts)}
     elapsed = end - counts.started_at if counts.started_at else None
     data["elapsed_s"] = round(elapsed, 1) if elapsed else None
     data["samples_per_s_since_start"] = round(counts.done / elapsed, 3) if elapsed else None
@@ -49,7 +52,10 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
         # Orphaned requests aborted on their server, and what they had left of max_tokens.
         **_aborts(store),
     }
-    data["endpoints"] = _endpoints(store, settings, snap.endpoints)
+    data["endpoints"] = _endpoints(store, settings, snap.endpoints, data.pop("served_endpoints"))
+    tools = tool_counts.read(store.r, store.keys)
+    if tools is not None:  # conversations with tool calls: how many ended, and where
+        data["tool_calls"] = tools
     data["clocks_off"] = _clocks_off(store, settings)
     return data
 
@@ -68,8 +74,10 @@ def _clocks_off(store: RunStore, settings: Settings) -> dict[str, float]:
 
 
 def _eta(counts: RunCounts, snap: Snapshot, data: dict[str, Any], settings: Settings) -> int | None:
-    rate = snap.samples_per_s_minute or (data["samples_per_s_since_start"] or 0.0)
-    eta = eta_seconds(counts.total - counts.done - counts.failed, rate)
+    if counts.pending and (not data["workers"] or data["circuit_open"]):
+        return None  # nobody works on it: no number would be true
+    # The last minute's rate only: a run that stopped progressing has no ETA.
+    eta = eta_seconds(counts.total - counts.done - counts.failed, snap.samples_per_s_minute)
     if data["expired_leases"] and not counts.complete:
         # A dead worker's samples come back after two reconciler passes, then run again.
         wait = 2 * settings.reconcile_interval + (snap.mean_latency or 0.0)
@@ -78,12 +86,17 @@ def _eta(counts: RunCounts, snap: Snapshot, data: dict[str, Any], settings: Sett
 
 
 def _endpoints(
-    store: RunStore, settings: Settings, stats: dict[str, dict[str, float]]
+    store: RunStore, settings: Settings, stats: dict[str, dict[str, float]], served: list[str]
 ) -> dict[str, dict[str, Any]]:
     from worker.endpoints.capacity import SlotTable
     from worker.pipeline.aborts import AbortSupport
 
-    caps = {url: settings.cap_for(url) for url in settings.endpoints}
+    # This run's endpoints: those its live workers serve, those it has figures of, and those
+    # this command was pointed at (EAGLEGEN_ENDPOINTS); not every endpoint this Redis has seen.
+    shown = set(served) | set(stats)
+    if "endpoints" in settings.model_fields_set or not shown:
+        shown |= set(settings.endpoints)
+    caps = {url: settings.cap_for(url) for url in sorted(shown)}
     table = SlotTable(store.r, settings.key_prefix, caps, settings.slot_ttl)
     out: dict[str, dict[str, Any]] = {}
     for view in table.snapshot():
@@ -93,6 +106,8 @@ def _endpoints(
         if url in out or url in settings.endpoints:
             out.setdefault(url, {})["abort"] = abort
     for url, state in table.health().items():
+        if url not in shown:
+            continue
         entry = out.setdefault(url, {})
         entry["state"] = state.get("state", "-")
         entry["problem"] = state.get("message") or None
@@ -118,16 +133,31 @@ def _add_prefix_caches(out: dict[str, dict[str, Any]], settings: Settings) -> No
         out.setdefault(url, {})["prefix_cache"] = counters.as_dict() if counters else None
 
 
-def render(data: dict[str, Any]) -> Group:
-    """The human view of ``gather``'s figures."""
+def render(data: dict[str, Any], clip: bool = True) -> Group:
+    """The human view of ``gather``'s figures; ``clip``: long messages shortened (a terminal;
+    piped output keeps every URL and message whole)."""
     total = data["total"] or 1
     finished = data["done"] + data["failed"]
     head = Text(f"run {data['run']}: {finished}/{data['total']} "
                 f"({100 * finished / total:.1f}%)  ETA {_duration(data['eta_s'])}")  # fmt: skip
-    bar = Table.grid(expand=True)  # a bare ProgressBar leaves no line break after it
-    bar.add_row(ProgressBar(total=total, completed=finished))
-    tables: list[RenderableType] = [_main_table(data), _errors_table(data), _endpoint_table(data)]
-    parts: list[RenderableType] = [head, bar, *tables]
+    bar = Table.grid(expand=clip)  # a bare ProgressBar leaves no line break after it
+    bar.add_row(ProgressBar(total=total, completed=finished, width=None if clip else 60))
+    tables: list[RenderableType] = [
+        _main_table(data),
+        _errors_table(data, clip),
+        _endpoint_table(data, clip),
+    ]
+    parts: list[RenderableType] = [head, bar, _who(data), _params_line(data), *tables]
+    parts += [Text(note, style="yellow") for note in data.get("notes", [])]
+    tools = data.get("tool_calls")
+    if tools:
+        where = ", ".join(f"turn {t}: {n}" for t, n in tools["stopped_at_turn"].items())
+        parts.append(Text(
+            f"tool-call conversations {tools['conversations']}: kept whole {tools['kept_whole']},"
+            f" stopped at a call of another function {tools['stopped']}"
+            + (f" ({where})" if where else "")
+            + f"; calls with other arguments {tools['arguments_differ']}"
+        ))  # fmt: skip
     for name, skew in sorted(data.get("clocks_off", {}).items()):
         parts.append(Text(f"clock of worker {name} is {skew:+.1f} s from Redis's: run NTP",
                           style="yellow"))  # fmt: skip
@@ -136,10 +166,12 @@ def render(data: dict[str, Any]) -> Group:
 
 def _main_table(d: dict[str, Any]) -> Group:
     t = Table(show_header=True, header_style="bold", box=None)
-    cols = ("total", "queued", "in flight", "done", "failed", "written", "retries", "redelivered")
+    cols = ("total", "queued", "in flight", "done", "failed", "written", "retries", "redelivered",
+            "cut turns", "turns dropped")  # fmt: skip
     for col in cols:
         t.add_column(col, justify="right")
-    keys = ("total", "queued", "in_flight", "done", "failed", "written", "retries", "redeliveries")
+    keys = ("total", "queued", "in_flight", "done", "failed", "written", "retries", "redeliveries",
+            "cut_turns", "dropped_turns")  # fmt: skip
     t.add_row(*(str(d[k]) for k in keys))
     rates = Table(show_header=True, header_style="bold", box=None)
     for col in ("", "samples/s", "tokens/s"):
@@ -167,21 +199,52 @@ def _main_table(d: dict[str, Any]) -> Group:
     return Group(t, outer)
 
 
-def _errors_table(d: dict[str, Any]) -> Table:
+def _who(d: dict[str, Any]) -> Text:
+    workers = d.get("workers", [])
+    names = ", ".join(f"{w['name']} ({w['in_flight']} in flight)" for w in workers)
+    line = f"workers: {len(workers)} live" + (f" [{names}]" if names else "")
+    line += f"; collector: {'writing' if d.get('collector_alive') else 'none'}"
+    return Text(line)
+
+
+def _params_line(d: dict[str, Any]) -> Text:
+    if d.get("params_error"):
+        return Text(f"parameters: {d['params_error']}", style="red")
+    params = d.get("params") or {}
+    fixed = [f"{k} {v}" for k, v in params.items() if k not in SAMPLING]
+    chosen = [f"{k} {v}" for k, v in params.items() if k in SAMPLING and v != SERVER_DEFAULT]
+    sampling = ", ".join(chosen) + ", others " if chosen else ""
+    return Text(f"parameters: {', '.join(fixed)}; sampling: {sampling}the server's defaults")
+
+
+def _errors_table(d: dict[str, Any], clip: bool = True) -> Table:
     t = Table("errors", "count", "last message", box=None, header_style="bold")
     for kind, count in sorted(d["errors"].items()):
-        t.add_row(kind, str(count), d["last_errors"].get(kind, "")[:100])
+        message = d["last_errors"].get(kind, "")
+        t.add_row(kind, str(count), message[:100] if clip else message)
+    for kind, count in sorted(d.get("handoffs", {}).items()):
+        t.add_row(f"{kind} (not an error)", str(count), _HANDOFF_MEANING.get(kind, ""))
     return t
 
 
-def _endpoint_table(d: dict[str, Any]) -> Table:
+_HANDOFF_MEANING = {
+    "handed_back": "a stopping worker gave the sample back to the queue",
+    "lease_lost": "another worker took the sample over (this one was paused or cut off)",
+}
+
+
+def _endpoint_table(d: dict[str, Any], clip: bool = True) -> Table:
     t = Table("endpoint", "state", "in flight", "cap", "requests", "tokens", "error rate",
               "mean s", "cache hits", "abort", box=None, header_style="bold")  # fmt: skip
     for url, e in sorted(d["endpoints"].items()):
         cap = str(e.get("cap", "-")) + (" (drained)" if e.get("drained") else "")
-        t.add_row(url, _state(e), str(e.get("in_flight", "-")), cap, str(e.get("requests", 0)),
+        t.add_row(url, _state(e, clip), str(e.get("in_flight", "-")), cap,
+                  str(e.get("requests", 0)),
                   str(e.get("tokens", 0)), _num(e.get("error_rate")),
                   _num(e.get("mean_latency_s")), _hit_rate(e), e.get("abort", "-"))  # fmt: skip
+    if not clip:  # rich would still fold a long cell to the width: let nothing shrink
+        for column in t.columns:
+            column.no_wrap = True
     return t
 
 
@@ -190,9 +253,10 @@ def _hit_rate(e: dict[str, Any]) -> str:
     return "-" if rate is None else f"{rate:.1%}"
 
 
-def _state(e: dict[str, Any]) -> str:
+def _state(e: dict[str, Any], clip: bool = True) -> str:
     if e.get("state") in ("down", "refusing"):
-        return f"{e['state']}: {(e.get('problem') or '')[:80]}"
+        problem = e.get("problem") or ""
+        return f"{e['state']}: {problem[:80] if clip else problem}"
     return str(e.get("state", "-"))
 
 
@@ -219,10 +283,11 @@ def watch(console: Console, store: RunStore, settings: Settings, interval: float
         with console.status(f"waiting for run {store.run!r} to appear (Ctrl-C to stop)"):
             while not store.exists():
                 time.sleep(interval)
-    with Live(render(gather(store, settings)), console=console, auto_refresh=False) as live:
+    clip = console.is_terminal
+    with Live(render(gather(store, settings), clip), console=console, auto_refresh=False) as live:
         while True:
             data = gather(store, settings)
-            live.update(render(data), refresh=True)
+            live.update(render(data, clip), refresh=True)
             if data["complete"] and data["total"] > 0:
                 return
             time.sleep(interval)

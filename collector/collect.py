@@ -24,6 +24,7 @@ log = logging.getLogger("eaglegen.collector")
 IDLE_MAX_S = 1.0  # longest pause between looks at an empty ready list
 REDIS_PAUSE_S = 1.0
 LINGER_S = 0.1  # after a batch smaller than the limit, before the next look
+SUMMARY_S = 60.0  # one INFO line this often: a collector that says nothing looks hung
 
 
 @dataclass
@@ -48,6 +49,8 @@ class Collector:
         self.stats = CollectStats()
         self._lock = store.collector_lock(lock_ttl)
         self._idle = 0.0
+        self._summary_at = time.monotonic()
+        self._summary_written = 0
 
     def run(
         self,
@@ -60,6 +63,7 @@ class Collector:
         try:
             while not stop.is_set() and self._turn(stop, once):
                 on_batch(self.stats)
+                self._maybe_log_summary()
         finally:
             self._lock.release()  # if Redis is away, the lock expires by itself
         return self.stats
@@ -110,14 +114,39 @@ class Collector:
                 "(this one was paused or cut off longer than its lock); stopping"
             )
 
+    def _maybe_log_summary(self) -> None:
+        elapsed = time.monotonic() - self._summary_at
+        if elapsed < SUMMARY_S:
+            return
+        written = self.stats.written - self._summary_written
+        self._summary_at, self._summary_written = time.monotonic(), self.stats.written
+        try:
+            waiting, pending = self.store.ready_count(), self.store.pending_count()
+        except redis.RedisError:
+            return
+        log.info(
+            "run %s: %d records written (%.1f/s over the last %.0f s); %d answered samples "
+            "waiting to be written, %d samples still to answer",
+            self.store.run, self.stats.written, written / elapsed, elapsed, waiting, pending,
+        )  # fmt: skip
+
     def _take_lock(self, stop: threading.Event) -> None:
         # A killed collector's lock outlives it by up to its TTL: wait that long, no more
         # (time with Redis unreachable does not count).
         deadline = time.monotonic() + self.lock_ttl + 1
+        said = False
         while not stop.is_set():
             try:
                 if self._lock.hold():
                     return
+                if not said:
+                    said = True
+                    log.warning(
+                        "another collector holds the lock of run %r: waiting up to %.0f s for "
+                        "it to expire (a collector that died lets go within its %.0f s TTL; a "
+                        "live one keeps it, and this one then gives up)",
+                        self.store.run, self.lock_ttl + 1, self.lock_ttl,
+                    )  # fmt: skip
             except redis.RedisError as exc:
                 log.warning("Redis unreachable (%s); waiting for it", _short(exc))
                 deadline = time.monotonic() + self.lock_ttl + 1

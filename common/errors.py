@@ -115,7 +115,37 @@ class NotFound(PermanentError):
     kind = "404"
 
 
+class InvalidParams(PermanentError, ConfigError):
+    """Generation parameters out of their allowed range (given, or stored with a run)."""
+
+    kind = "bad_params"
+
+
+class CircuitOpen(PermanentError):
+    """The run's samples all failed the same permanent way: not attempted until retried."""
+
+    kind = "circuit_open"
+
+
 class NoTokenIds(PermanentError):
     """Token ids were required (EAGLEGEN_TOKEN_IDS=on) and the server does not give them."""
 
     kind = "no_token_ids"
+
+
+class DiskFull(TransientError):
+    """No room left for a hidden-state file (ENOSPC, quota): space may be freed."""
+
+    kind = "disk_full"
+
+
+class NonFinite(PermanentError):
+    """A row's hidden states hold NaN or inf: never written, never silently skipped."""
+
+    kind = "nonfinite"
+
+
+class NotOurs(PermanentError):
+    """A file at a capture file's path was not written by EagleGen: left as it is."""
+
+    kind = "not_ours"

@@ -24,9 +24,19 @@ def clocks_key(prefix: str) -> str:
     return f"{prefix}:clocks"
 
 
+def workers_key(prefix: str) -> str:
+    """Hash worker name -> its last heartbeat (JSON: queue, endpoints, in flight, when)."""
+    return f"{prefix}:workers"
+
+
 def reconciler_lock_key(prefix: str) -> str:
     """Held by the one worker process running a reconciliation pass."""
     return f"{prefix}:reconciler_lock"
+
+
+def capture_reconciler_lock_key(prefix: str) -> str:
+    """Held by the one capture worker process running a pass over the capture queue's runs."""
+    return f"{prefix}:capture_reconciler_lock"
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,11 @@ class EndpointKeys:
         """GCRA state of the cluster-wide tokens/min limit."""
         return self._key("tpm")
 
+
+# Fields of ``RunKeys.counters`` beside those the store's scripts keep: turns cut at
+# max_tokens, and the later user turns those cuts left unanswered.
+CUT_TURNS = "cut_turns"
+DROPPED_TURNS = "dropped_turns"
 
 # Fields beside a sample's prompt in ``RunKeys.prompts`` (Lua scripts get them as arguments).
 ATTEMPTS_SUFFIX = "|attempts"

@@ -4,30 +4,63 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from common.sampling import SAMPLING, check_value
 
 SCHEMA_VERSION = 1
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
+# A tool call in OpenAI's form: {"id", "type": "function", "function": {"name", "arguments"}},
+# ``arguments`` the exact string the model wrote.
+ToolCall = dict[str, Any]
 
 
 class GenParams(BaseModel):
-    """Sampling parameters, fixed for the life of a run."""
+    """Generation parameters, fixed for the life of a run (a retried sample may carry its own).
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    A sampling parameter left None is not sent: the server's generation config applies.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     max_tokens: int = Field(default=2048, ge=1)
-    temperature: float = Field(default=0.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
     turns: Literal["all", "first"] = "all"
     system: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Tool-calling conversations (docs/tools.md): None is "on-policy while the calls match";
+    # "original" answers each source assistant turn after the source's own history.
+    history: Literal["original"] | None = None
+
+    @field_validator(*SAMPLING, mode="before")
+    @classmethod
+    def _in_range(cls, value: Any, info: Any) -> Any:
+        return check_value(info.field_name, value)
+
+    def sampling(self) -> dict[str, float | int]:
+        """The sampling fields a request sends: only those set."""
+        return {name: v for name in SAMPLING if (v := getattr(self, name)) is not None}
 
     # The one rule of which turns and which system prompt a run uses: the sample id (producer)
     # and the generated conversation (worker) both come from it, so they cannot diverge.
     def turns_of(self, user_turns: list[str]) -> list[str]:
         """The user turns a run answers: all of them, or only the first."""
         return user_turns[:1] if self.turns == "first" else list(user_turns)
+
+    def script_of(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A tool-calling sample's source messages a run follows: all, or up to the second
+        user message."""
+        if self.turns != "first":
+            return messages
+        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        return messages[: users[1]] if len(users) > 1 else messages
 
     def system_for(self, source_system: str | None) -> str | None:
         """The run's system prompt overrides the source's."""
@@ -50,6 +83,14 @@ class Sample(BaseModel):
     system: str | None = None
     user_turns: list[str]
     source: SourceRef
+    # A tool-calling conversation (docs/tools.md): its tools in OpenAI function-spec form, the
+    # row's tool_choice, and the source messages after the system prompt (user, assistant with
+    # their tool_calls, tool results), which its turns are regenerated along.
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    script: list[dict[str, Any]] | None = None
+    # Set by ``retry-failed`` with new parameters: this sample's, instead of the run's.
+    params: GenParams | None = None
 
 
 class Usage(BaseModel):
@@ -87,10 +128,12 @@ class TurnResult(TurnStats):
 
     content: str
     reasoning: str | None = None
+    tool_calls: list[ToolCall] | None = None  # as streamed: ids, names, argument strings
 
     def stats(self) -> TurnStats:
         """The turn without its text."""
-        return TurnStats.model_validate(self.model_dump(exclude={"content", "reasoning"}))
+        text = {"content", "reasoning", "tool_calls"}
+        return TurnStats.model_validate(self.model_dump(exclude=text))
 
 
 class Checkpoint(BaseModel):
@@ -117,6 +160,9 @@ class Message(BaseModel):
     role: Role
     content: str
     reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None  # a tool result: the id of the call it answers
+    name: str | None = None  # a tool result: the function's name
 
 
 class Generation(BaseModel):
@@ -128,6 +174,10 @@ class Generation(BaseModel):
     attempts: int
     latency_s: float
     params: GenParams
+    # Why a conversation ended before its source did ("tool_call_mismatch"), at which turn.
+    stop_reason: str | None = None
+    stop_turn: int | None = None
+    tool_arguments_differ: int | None = None  # calls whose arguments differ from the source's
 
 
 class Record(BaseModel):
@@ -139,6 +189,7 @@ class Record(BaseModel):
     conversations: list[Message]
     source: SourceRef
     generation: Generation
+    tools: list[dict[str, Any]] | None = None  # OpenAI function specs, as sent
 
     model_config = ConfigDict(populate_by_name=True)
 

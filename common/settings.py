@@ -124,6 +124,13 @@ class Settings(BaseSettings):
     # successor waits seconds, not minutes.
     collector_lock_ttl: float = Field(default=10.0, gt=0)
 
+    # Hidden-state capture (capture/).
+    # The Celery queue capture tasks go to and capture workers serve.
+    capture_queue: str = "eaglegen-capture"
+    # Padded tokens (rows x the longest) one forward pass of a capture worker takes at most.
+    capture_token_budget: int = Field(default=8192, ge=1)
+    capture_linger: float = Field(default=0.02, ge=0)  # seconds a capture batch waits to fill
+
     @field_validator("endpoints", mode="before")
     @classmethod
     def _split_endpoints(cls, value: object) -> object:

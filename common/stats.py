@@ -74,6 +74,8 @@ class Snapshot:
     last_finished_at: float | None = None
     errors: dict[str, int] = field(default_factory=dict)
     last_errors: dict[str, str] = field(default_factory=dict)
+    # Samples given back by a stopping worker, or taken over by another: not errors.
+    handoffs: dict[str, int] = field(default_factory=dict)
     endpoints: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
@@ -101,6 +103,7 @@ class Snapshot:
             "wasted_tokens": self.wasted_tokens,
             "errors": self.errors,
             "last_errors": self.last_errors,
+            "handoffs": self.handoffs,
             "endpoints": self.endpoints,
         }
 
@@ -229,6 +232,13 @@ class StatsRecorder:
                 self._batch.merge(batch)
             raise
 
+    def handoff(self, kind: str, wasted_tokens: int) -> None:
+        """A sample handed back or taken over: no error, and none of its endpoint's."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hincrby(self.keys.stats, f"handoff:{kind}", 1)
+        pipe.hincrby(self.keys.stats, "wasted_tokens", wasted_tokens)
+        pipe.execute()
+
     def error(self, kind: str, message: str, endpoint: str | None, wasted_tokens: int) -> None:
         """An attempt failed; tokens it had streamed are thrown away."""
         k = self.keys
@@ -284,6 +294,7 @@ def _from_stats(stats: dict[str, str]) -> Snapshot:
     snap.tokens_p95 = percentile(tok, TOKEN_BOUNDS, 0.95)
     snap.errors = {k[4:]: int(v) for k, v in stats.items() if k.startswith("err:")}
     snap.last_errors = {k[8:]: v for k, v in stats.items() if k.startswith("lasterr:")}
+    snap.handoffs = {k[8:]: int(v) for k, v in stats.items() if k.startswith("handoff:")}
     return snap
 
 

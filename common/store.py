@@ -21,6 +21,7 @@ from common.errors import RunMismatch, RunRetired
 from common.keys import ATTEMPTS_SUFFIX, CHECKPOINT_SUFFIX, RunKeys, retired_runs_key, runs_key
 from common.locks import HeldLock
 from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
+from common.params import validated
 from common.redis_url import is_sentinel, sentinel_master_client
 from common.request_store import RequestStore
 
@@ -132,7 +133,7 @@ class RunStore(CheckpointStore, RequestStore):
             self._ensure_queue(queue)
         if self.r.hsetnx(self.keys.meta, "params", wanted):
             return
-        stored = GenParams.model_validate_json(str(self.r.hget(self.keys.meta, "params")))
+        stored = validated(GenParams, str(self.r.hget(self.keys.meta, "params")))
         if stored != params:
             diff = _describe_diff(stored, params)
             raise RunMismatch(
@@ -159,7 +160,20 @@ class RunStore(CheckpointStore, RequestStore):
     def params(self) -> GenParams | None:
         """The run's parameters, if it exists."""
         raw = self.r.hget(self.keys.meta, "params")
-        return GenParams.model_validate_json(str(raw)) if raw else None
+        return validated(GenParams, str(raw)) if raw else None  # InvalidParams: one line
+
+    def meta_value(self, name: str) -> str | None:
+        """A field of the run's meta hash (the breaker's state, say)."""
+        raw = self.r.hget(self.keys.meta, name)
+        return str(raw) if raw else None
+
+    def set_meta_once(self, name: str, value: str) -> bool:
+        """Set a meta field unless it is set; True if this call set it."""
+        return bool(self.r.hsetnx(self.keys.meta, name, value))
+
+    def drop_meta(self, name: str) -> None:
+        """Remove a meta field."""
+        self.r.hdel(self.keys.meta, name)
 
     def exists(self) -> bool:
         """Whether the run was ever created."""
@@ -307,6 +321,23 @@ class RunStore(CheckpointStore, RequestStore):
         """Failed samples and why."""
         raw = self.r.hgetall(self.keys.failed)
         return {str(i): Failure.model_validate_json(str(v)) for i, v in raw.items()}
+
+    def some_failures(self, count: int) -> list[Failure]:
+        """Up to ``count`` failures picked at random (HRANDFIELD: O(count), whatever the run)."""
+        flat = self.r.hrandfield(self.keys.failed, count, withvalues=True) or []
+        return [Failure.model_validate_json(str(v)) for v in flat[1::2]]
+
+    def failed_samples(self, ids: list[str]) -> list[Sample | None]:
+        """The stored prompts of failed samples (None where none is kept)."""
+        if not ids:
+            return []
+        raw = self.r.hmget(self.keys.prompts, ids)
+        return [Sample.model_validate_json(v) if v else None for v in raw]
+
+    def replace_failed_samples(self, samples: list[Sample]) -> None:
+        """Store new versions of failed samples' prompts (their own parameters, say)."""
+        if samples:
+            self.r.hset(self.keys.prompts, mapping={s.id: s.model_dump_json() for s in samples})
 
     def requeue_failed(self, limit: int = 10_000_000) -> list[str]:
         """Move failed samples back to pending; returns their ids (to be published)."""

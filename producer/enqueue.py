@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
@@ -11,7 +13,9 @@ from common.ids import sample_id
 from common.models import GenParams, Sample, SourceRef
 from common.store import RunStore
 from producer.formats import InvalidRow, detect_format, to_prompt
+from producer.preflight import prompt_estimate
 from producer.readers import RawRow, SourceInfo
+from producer.tools import tool_identity
 
 BATCH = 256
 
@@ -24,16 +28,38 @@ class EnqueueCounts:
     present: int = 0
     duplicates: int = 0
     invalid: int = 0
+    too_long: int = 0
     rows: int = 0
     format: str | None = None
     invalid_examples: list[str] = field(default_factory=list)
+    reasons: Counter[str] = field(default_factory=Counter)  # why invalid rows were skipped
+    max_prompt_tokens: int | None = None
 
     def line(self) -> str:
-        """The one-line summary printed at the end."""
-        return (
+        """The one-line summary printed at the end: the counts, then why rows were skipped."""
+        head = (
             f"enqueued {self.enqueued}, already present {self.present}, "
             f"duplicates {self.duplicates}, invalid {self.invalid}"
         )
+        if self.too_long:
+            head += f", too long {self.too_long}"
+        return f"{head} ({'; '.join([f'read {self.rows} rows', *self._why()])})"
+
+    def _why(self) -> list[str]:
+        why = []
+        if self.present:
+            why.append("already present: accepted into this run by an earlier enqueue")
+        if self.duplicates:
+            why.append("duplicates: the same prompt as an earlier row of this source")
+        if self.reasons:
+            parts = (f"{n} {reason}" for reason, n in self.reasons.most_common())
+            why.append(f"invalid: {', '.join(parts)}")
+        if self.too_long:
+            why.append(
+                f"too long: first prompt over the {self.max_prompt_tokens} tokens that "
+                "max_tokens leaves of the servers' max_model_len"
+            )
+        return why
 
 
 @dataclass
@@ -46,6 +72,8 @@ class Feeder:
     publish: Callable[[list[str]], object]
     fmt: str = "auto"
     max_pending: int = 10_000
+    # max_model_len - max_tokens: a row whose first prompt cannot fit is skipped (None: unknown).
+    max_prompt_tokens: int | None = None
     on_invalid: Callable[[int, str], None] = lambda row, reason: None
     on_progress: Callable[[EnqueueCounts], None] = lambda counts: None
     wait: Callable[[float], None] = time.sleep
@@ -55,6 +83,7 @@ class Feeder:
     def run(self, rows: Iterable[RawRow], limit: int | None = None) -> EnqueueCounts:
         """Feed every row (the first ``limit``), blocking while the run has too much pending."""
         self.counts.format = None if self.fmt == "auto" else self.fmt
+        self.counts.max_prompt_tokens = self.max_prompt_tokens
         for batch in _batches(islice(rows, limit), min(BATCH, self.max_pending)):
             self._feed(batch)
             self.on_progress(self.counts)
@@ -82,9 +111,15 @@ class Feeder:
         except InvalidRow as exc:
             self._invalid(row.index, str(exc))
             return None
-        sid = sample_id(
-            self.params.system_for(prompt.system), self.params.turns_of(prompt.user_turns)
+        system, turns = (
+            self.params.system_for(prompt.system),
+            self.params.turns_of(prompt.user_turns),
         )
+        limit = self.max_prompt_tokens
+        if limit is not None and prompt_estimate(system, turns) > limit:
+            self.counts.too_long += 1
+            return None
+        sid = sample_id(system, turns, tool_identity(prompt.tools, self.params))
         if sid in self._seen:
             self.counts.duplicates += 1
             return None
@@ -93,7 +128,13 @@ class Feeder:
             dataset=self.info.dataset, split=self.info.split, row=row.index,
             format=self.counts.format or "?",
         )  # fmt: skip
-        return Sample(id=sid, system=prompt.system, user_turns=prompt.user_turns, source=source)
+        found = prompt.tools
+        if found is None:
+            return Sample(id=sid, system=prompt.system, user_turns=prompt.user_turns, source=source)
+        return Sample(
+            id=sid, system=prompt.system, user_turns=prompt.user_turns, source=source,
+            tools=found.tools, tool_choice=found.tool_choice, script=found.messages,
+        )  # fmt: skip
 
     def _format_of(self, data: dict[str, object]) -> str:
         # Auto-detection is per file: the first readable row decides, the rest must match.
@@ -106,6 +147,7 @@ class Feeder:
 
     def _invalid(self, index: int, reason: str) -> None:
         self.counts.invalid += 1
+        self.counts.reasons[reason_class(reason)] += 1
         self.on_invalid(index, reason)
 
     def _wait_for_room(self, wanted: int) -> None:
@@ -119,3 +161,10 @@ def _batches(rows: Iterable[RawRow], size: int) -> Iterator[list[RawRow]]:
     iterator = iter(rows)
     while batch := list(islice(iterator, size)):
         yield batch
+
+
+def reason_class(reason: str) -> str:
+    """A skip reason without its particulars, so that like reasons add up in the summary."""
+    general = re.sub(r"\s*\(.*\)\s*$", "", reason)
+    general = re.sub(r"'[^']*'", "'…'", general)
+    return re.sub(r"(?<![\w-])\d+(?![\w-])", "N", general)

@@ -8,6 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from producer.tools import (
+    ToolConversation,
+    ToolRowError,
+    content_text,
+    is_tool_row,
+    parse_tool_row,
+)
+
 FORMATS = ("openai", "sharegpt", "turns", "prompt")
 PROMPT_COLUMNS = ("prompt", "question", "instruction")
 _SHAREGPT_ROLES = {
@@ -33,6 +41,7 @@ class Prompt:
 
     system: str | None
     user_turns: list[str]
+    tools: ToolConversation | None = None  # a tool-calling conversation (producer/tools.py)
 
 
 def detect_format(row: dict[str, Any]) -> str | None:
@@ -55,7 +64,8 @@ def to_prompt(row: dict[str, Any], fmt: str) -> Prompt:
         messages = row.get(key)
         if not isinstance(messages, list):
             raise InvalidRow(f"no '{key}' list (format {fmt})")
-        prompt = _from_messages(messages)
+        prompt = _tool_prompt(row, messages) if is_tool_row(row, messages) else None
+        prompt = prompt or _from_messages(messages)
     elif fmt == "turns":
         prompt = Prompt(_optional_text(row, "system"), _turns(row.get("turns")))
     elif fmt == "prompt":
@@ -65,6 +75,14 @@ def to_prompt(row: dict[str, Any], fmt: str) -> Prompt:
     if not prompt.user_turns:
         raise InvalidRow("no user turn")
     return prompt
+
+
+def _tool_prompt(row: dict[str, Any], messages: list[Any]) -> Prompt:
+    try:
+        found = parse_tool_row(row, messages)
+    except ToolRowError as exc:
+        raise InvalidRow(str(exc)) from exc
+    return Prompt(found.system, found.user_turns, found)
 
 
 def _from_messages(messages: list[Any]) -> Prompt:
@@ -91,17 +109,10 @@ def _role(message: dict[str, Any], index: int) -> str:
 
 
 def _text(value: Any, where: str) -> str:
-    # OpenAI content may be a list of parts; only text parts can be regenerated from.
-    if isinstance(value, list):
-        parts = [p.get("text") for p in value if isinstance(p, dict) and p.get("type") == "text"]
-        if len(parts) != len(value) or not all(isinstance(p, str) for p in parts):
-            raise InvalidRow(f"{where} has non-text content parts")
-        value = "".join(parts)  # type: ignore[arg-type]
-    if not isinstance(value, str):
-        raise InvalidRow(f"{where} content is {type(value).__name__}, not a string")
-    if not value.strip():
-        raise InvalidRow(f"{where} is empty")
-    return value
+    try:
+        return content_text(value, where)
+    except ToolRowError as exc:
+        raise InvalidRow(str(exc)) from exc
 
 
 def _turns(value: Any) -> list[str]:

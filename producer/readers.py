@@ -42,6 +42,8 @@ def open_source(
     """Describe ``source`` and return an iterator over its rows."""
     path = Path(source)
     if path.is_file():
+        if path.stat().st_size == 0:
+            raise SourceError(f"{source}: empty file")
         lines = count_lines(path) if path.suffix.lower() == ".jsonl" else None
         return SourceInfo(path.name, split, lines), _read_file(path)
     if path.exists():
@@ -104,10 +106,17 @@ def _parse_line(index: int, raw: bytes) -> RawRow:
 
 
 def _read_json_array(path: Path) -> Iterator[RawRow]:
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise SourceError(f"{path}: empty file")
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SourceError(f"{path}: not valid UTF-8 JSON ({exc})") from exc
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise SourceError(f"{path}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+    except json.JSONDecodeError as exc:
+        raise SourceError(
+            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from exc
     if not isinstance(data, list):
         raise SourceError(f"{path}: a .json source must be an array of rows, not a JSON object")
     return (
@@ -148,7 +157,9 @@ def _iter_table(table: Any, name: str) -> Iterator[RawRow]:
         except StopIteration:
             return
         except Exception as exc:
-            raise SourceError(f"{name}: reading failed at row {index}: {_first_line(exc)}") from exc
+            raise SourceError(
+                f"{name}: reading failed at row {index + 1}: {_first_line(exc)}"
+            ) from exc
         yield RawRow(index, dict(row))
         index += 1
 

@@ -180,7 +180,10 @@ class Chaos:
             self.start_worker(i)
         self.start_collector()
         started = time.monotonic()
-        enqueue = self.procs.run(["enqueue", str(self.prompts()), "--max-tokens", "200"])
+        # Enqueued unchecked (no server at its address): the over-long prompts must reach the
+        # server and fail there, under the faults, rather than be skipped by enqueue's check.
+        unchecked = {"EAGLEGEN_ENDPOINTS": f"http://127.0.0.1:{free_port()}/v1"}
+        enqueue = self.procs.run(["enqueue", str(self.prompts()), "--max-tokens", "200"], unchecked)
         self.say(enqueue.stdout.strip())
         complete = self.chaos_loop(started)
         elapsed = time.monotonic() - started

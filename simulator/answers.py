@@ -17,7 +17,7 @@ from typing import Any, Literal
 from simulator.config import SimConfig
 
 Message = Mapping[str, Any]
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -47,11 +47,22 @@ class SimAnswer:
 
 def prompt_key(messages: Sequence[Message]) -> str:
     """Return the 16-hex-char sha256 key of the messages' roles and contents."""
-    # Only role and content count: history may carry reasoning_content, which must not
-    # change which answer a prompt gets.
-    canonical = [{"role": m["role"], "content": m["content"]} for m in messages]
+    # Only role, content and tool calls count: history may carry reasoning_content, which
+    # must not change which answer a prompt gets; calls count by name and arguments (not ids).
+    canonical = [_canonical(m) for m in messages]
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _canonical(message: Message) -> dict[str, Any]:
+    canonical = {"role": message["role"], "content": message["content"]}
+    calls = message.get("tool_calls")
+    if calls:  # absent from other messages, whose keys stay as they were
+        canonical["tool_calls"] = [
+            [(c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments")]
+            for c in calls if isinstance(c, Mapping)
+        ]  # fmt: skip
+    return canonical
 
 
 def count_prompt_tokens(messages: Sequence[Message]) -> int:

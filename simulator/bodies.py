@@ -89,11 +89,13 @@ def text_chunk_body(
     return {**_envelope(job), "choices": [choice]}
 
 
-def delta_body(batch: list[Piece], reasoning_field: ReasoningField) -> dict[str, str]:
+def delta_body(batch: list[Piece], reasoning_field: ReasoningField) -> dict[str, Any]:
     """Return the delta carrying one same-kind batch of tokens (empty for special tokens)."""
     kind = batch[0][0]
     if kind == "special":
         return {}
+    if kind == "tool":
+        return {"tool_calls": [json.loads(text) for _, text in batch]}
     name = "content" if kind == "content" else reasoning_field
     return {name: "".join(text for _, text in batch)}
 
@@ -136,10 +138,27 @@ def _text_completion_body(job: Job) -> dict[str, Any]:
 def message_body(pieces: list[Piece], reasoning_field: ReasoningField) -> dict[str, Any]:
     """Return the assistant message; empty texts are null, as vLLM sends them."""
     content = "".join(text for kind, text in pieces if kind == "content") or None
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    calls = joined_calls([json.loads(text) for kind, text in pieces if kind == "tool"])
+    if calls:
+        message["tool_calls"] = calls
     if reasoning_field == "inline":
-        return {"role": "assistant", "content": content}
+        return message
     reasoning = "".join(text for kind, text in pieces if kind == "reasoning") or None
-    return {"role": "assistant", "content": content, reasoning_field: reasoning}
+    return {**message, reasoning_field: reasoning}
+
+
+def joined_calls(fragments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The whole calls of a non-streamed answer, from its call fragments."""
+    calls: dict[int, dict[str, Any]] = {}
+    for f in fragments:
+        call = calls.setdefault(
+            f["index"],
+            {"id": f.get("id"), "type": "function", "function": {"name": None, "arguments": ""}},
+        )
+        call["function"]["name"] = call["function"]["name"] or f["function"].get("name")
+        call["function"]["arguments"] += f["function"].get("arguments", "")
+    return [calls[i] for i in sorted(calls)]
 
 
 def _envelope(job: Job, full: bool = False) -> dict[str, Any]:

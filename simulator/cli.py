@@ -119,6 +119,9 @@ def simulate(
             "--no-abort-requests answers 403, as vLLM does without --enable-scale-out.",
         ),
     ] = _DEFAULTS.abort_requests,
+    tool_mismatch_share: Annotated[
+        float, Opt(help="Share of tool-call answers that call another function than named.")
+    ] = _DEFAULTS.tool_mismatch_share,
     log_path: Annotated[
         Path | None, Opt("--log", "--log-path", help="JSONL file, one line per generation end.")
     ] = _DEFAULTS.log_path,
@@ -153,6 +156,7 @@ def simulate(
             ignore_continuations=ignore_continuations,
             seed=seed,
             abort_requests=abort_requests,
+            tool_mismatch_share=tool_mismatch_share,
             log_path=log_path,
         )
     except ValidationError as exc:

@@ -45,6 +45,9 @@ class SimConfig(BaseModel):
     # POST /inference/v1/abort_requests stops the named generations; False: 403, as vLLM
     # answers without --enable-scale-out.
     abort_requests: bool = True
+    # Of the answers that call tools, the share calling another function than the messages
+    # name (simulator/tool_calls.py): a source conversation's calls then do not match.
+    tool_mismatch_share: float = Field(default=0.0, ge=0.0, le=1.0)
     log_path: Path | None = None  # JSONL, one line per generation end
 
     @model_validator(mode="after")

@@ -57,6 +57,7 @@ async def models(request: Request) -> Response:
         "object": "model",
         "created": state.created,
         "owned_by": OWNER,
+        "max_model_len": state.cfg.max_model_len,  # as vLLM lists it
     }
     return JSONResponse({"object": "list", "data": [card]})
 

@@ -16,9 +16,10 @@ library's parts, no Python in the loop:
 * a pre-tokenizer that cuts text into exactly the simulator's tokens: whole words, letter
   chunks of up to three (the first with its leading space), single characters.
 
-The chat template renders what :func:`simulator.tokenizer.encode_chat` encodes; a final
-assistant message renders as the model's output after the generation prompt,
-``<think>reasoning</think>content<|im_end|>``.
+The chat template renders what :func:`simulator.tokenizer.encode_chat` encodes (tools in the
+system turn, an assistant's ``tool_calls`` after its content, as
+:mod:`simulator.tool_calls` writes them); a final assistant message renders as the model's
+output after the generation prompt, ``<think>reasoning</think>content<|im_end|>``.
 """
 
 from __future__ import annotations
@@ -45,12 +46,26 @@ KEY_TOKEN = "<|key|>"
 _PRIVATE = 0xE000  # first private-use character standing for a word
 
 CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
+    "{%- set ns = namespace(first=0) -%}"
+    "{%- if tools -%}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' -%}"
+    "{{ messages[0].content + '\\n\\n' }}{%- set ns.first = 1 -%}"
+    "{%- endif -%}"
+    "{{ '<tools>' + (tools | tojson) + '</tools><|im_end|>\\n' }}"
+    "{%- endif -%}"
+    "{%- for message in messages[ns.first:] -%}"
     "{{ '<|im_start|>' + message.role + '\\n' }}"
     "{%- if loop.last and message.role == 'assistant' and not add_generation_prompt -%}"
     "{{ '<think>' + (message.reasoning_content or '') + '</think>' }}"
     "{%- endif -%}"
-    "{{ message.content + '<|im_end|>' + '\\n' }}"
+    "{{ message.content or '' }}"
+    "{%- for call in message.tool_calls or [] -%}"
+    "{%- set args = call.function.arguments -%}"
+    "{{ '<tool_call>{\"name\": ' + (call.function.name | tojson) + ', \"arguments\": ' }}"
+    "{{ (args if args is string else args | tojson) + '}</tool_call>' }}"
+    "{%- endfor -%}"
+    "{{ '<|im_end|>' + '\\n' }}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "{{ '<|im_start|>assistant\\n' }}"

@@ -12,7 +12,8 @@ from simulator.config import ReasoningField
 from simulator.faults import Fault
 from simulator.output import RawToken
 
-Kind = Literal["reasoning", "content", "special"]  # special: a token without text
+# special: a token without text; tool: a delta.tool_calls entry (its JSON as the text)
+Kind = Literal["reasoning", "content", "special", "tool"]
 Piece = tuple[Kind, str]
 Endpoint = Literal["chat", "completion"]
 
@@ -38,6 +39,8 @@ class ChatRequest(BaseModel):
     stream_options: StreamOptions | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_ids: bool | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
 
@@ -171,7 +174,8 @@ def batch_pieces(pieces: list[Piece], size: int) -> list[list[Piece]]:
     batches: list[list[Piece]] = []
     for piece in pieces:
         last = batches[-1] if batches else None
-        if last is not None and len(last) < size and last[0][0] == piece[0]:
+        same = last is not None and last[0][0] == piece[0] != "tool"  # one call fragment a chunk
+        if last is not None and same and len(last) < size:
             last.append(piece)
         else:
             batches.append([piece])

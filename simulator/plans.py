@@ -29,6 +29,8 @@ from simulator.tokenizer import (
     encode_text,
     parse,
 )
+from simulator.tool_calls import SimCall
+from simulator.tool_plans import tool_calls_of, tool_output
 
 
 @dataclass(frozen=True)
@@ -57,11 +59,27 @@ def chat_plan(req: ChatRequest, cfg: SimConfig) -> Plan | Rejection:
         return _ignored_continuation_plan(req, cfg, with_ids)
     if req.continue_final_message:
         return _continuation_plan(req, cfg, with_ids)
+    calls = tool_calls_of(req, cfg)
+    if calls:
+        return _tool_plan(req, cfg, with_ids, calls)
     if with_ids:
-        prompt_ids = encode_chat(req.messages, req.thinking)
+        prompt_ids = encode_chat(req.messages, req.thinking, tools=req.tools)
         resume = Resume(model_output(req.messages, cfg, req.thinking), 0)
         return _raw_plan(prompt_key(req.messages), prompt_ids, resume, req.limit, cfg, True)
     return _legacy_plan(req, cfg)
+
+
+def _tool_plan(
+    req: ChatRequest, cfg: SimConfig, with_ids: bool, calls: list[SimCall]
+) -> Plan | Rejection:
+    key = prompt_key(req.messages)
+    prompt_ids = encode_chat(req.messages, req.thinking, tools=req.tools)
+    too_long = context_error(len(prompt_ids), req.limit, cfg.max_model_len)
+    if too_long is not None:
+        return Rejection(too_long, key)
+    limit = req.limit if req.limit is not None else cfg.max_model_len - len(prompt_ids)
+    output = tool_output(req.messages, calls, cfg, req.thinking, limit)
+    return Plan(key, len(prompt_ids), prompt_ids, with_ids, output)
 
 
 def _legacy_plan(req: ChatRequest, cfg: SimConfig) -> Plan | Rejection:

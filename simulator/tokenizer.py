@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.answers import THINK_CLOSE, THINK_OPEN, WORDS, prompt_key
+from simulator.tool_calls import rendered_calls, tools_block
 
 Message = Mapping[str, Any]
 
@@ -145,17 +146,24 @@ def content_text(message: Message) -> str:
 
 
 def encode_chat(
-    messages: Sequence[Message], thinking: bool = True, continue_final: bool = False
-) -> list[int]:
+    messages: Sequence[Message], thinking: bool = True, continue_final: bool = False,
+    tools: Sequence[Message] | None = None,
+) -> list[int]:  # fmt: skip
     """Return the prompt ids of a chat: the messages, then the generation prompt.
 
     With `continue_final` the last message is left open (no end of turn, no generation
-    prompt), so that the model continues it.
+    prompt), so that the model continues it. `tools` go in the system turn, after its text.
     """
-    closed = messages[:-1] if continue_final else messages
+    end = len(messages) - 1 if continue_final else len(messages)
     ids: list[int] = []
-    for i, message in enumerate(closed):
-        ids += [*_message_ids(messages[:i], message), IM_END, NEWLINE]
+    first = 0
+    if tools:
+        system = messages[0] if messages and messages[0]["role"] == "system" else None
+        text = (content_text(system) + "\n\n" if system else "") + tools_block(tools)
+        ids += [IM_START, *encode_text("system"), NEWLINE, *encode_text(text), IM_END, NEWLINE]
+        first = 1 if system else 0
+    for i in range(first, end):
+        ids += [*_message_ids(messages[:i], messages[i]), IM_END, NEWLINE]
     if continue_final:
         return ids + _message_ids(messages[:-1], messages[-1])
     return ids + generation_prompt(thinking)
@@ -170,7 +178,8 @@ def generation_prompt(thinking: bool = True) -> list[int]:
 def _message_ids(before: Sequence[Message], message: Message) -> list[int]:
     role = str(message["role"])
     key = prompt_key(before) if role == "assistant" else None
-    return [IM_START, *encode_text(role), NEWLINE, *encode_text(content_text(message), key)]
+    text = content_text(message) + rendered_calls(message.get("tool_calls") or [])
+    return [IM_START, *encode_text(role), NEWLINE, *encode_text(text, key)]
 
 
 @dataclass

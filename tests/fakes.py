@@ -15,7 +15,7 @@ from typing import Any
 from common import checkpoint_log
 from common.models import Checkpoint, Failure, GenParams, Sample, SourceRef, TurnResult, Usage
 from common.request_store import RequestRef
-from common.store import Taken
+from common.store import RunCounts, Taken
 
 
 def sample(sample_id: str = "s1", turns: tuple[str, ...] = ("q1",)) -> Sample:
@@ -67,6 +67,7 @@ class FakeStore:
     collecting_: list[str] = field(default_factory=list)
     lost_on_renew: set[str] = field(default_factory=set)
     lock: FakeLock = field(default_factory=FakeLock)
+    meta: dict[str, str] = field(default_factory=dict)
 
     def add(self, s: Sample) -> None:
         self.samples[s.id] = s
@@ -161,6 +162,26 @@ class FakeStore:
 
     def incr(self, counter: str, amount: int = 1) -> None:
         self.counters[counter] = self.counters.get(counter, 0) + amount
+
+    def meta_value(self, name: str) -> str | None:
+        return self.meta.get(name)
+
+    def set_meta_once(self, name: str, value: str) -> bool:
+        return self.meta.setdefault(name, value) == value
+
+    def drop_meta(self, name: str) -> None:
+        self.meta.pop(name, None)
+
+    def failures(self) -> dict[str, Failure]:
+        return dict(self.failed)
+
+    def some_failures(self, count: int) -> list[Failure]:
+        return list(self.failed.values())[:count]
+
+    def counts(self) -> RunCounts:
+        total, failed = len(self.accepted), len(self.failed)
+        in_flight = len(self.leases)
+        return RunCounts(self.run, total, len(self.pending), in_flight, failed, 0, 0, 0, 0, None)
 
     # producer side
     def known(self, ids: list[str]) -> list[bool]:

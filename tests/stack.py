@@ -57,6 +57,19 @@ class Stack:
         assert result.returncode == 0, result.stderr
         return result
 
+    def enqueue_unchecked(
+        self, source: str | Path, *options: str
+    ) -> subprocess.CompletedProcess[str]:
+        """``enqueue`` while no server answers (its parameters unchecked, with a warning): how a
+        run meets a server that refuses what enqueue could not check."""
+        from tests.harness import free_port
+
+        closed = {"EAGLEGEN_ENDPOINTS": f"http://127.0.0.1:{free_port()}/v1"}
+        result = self.procs.run(["enqueue", str(source), *options], {**self.env, **closed})
+        assert result.returncode == 0, result.stderr
+        assert "not checked against" in result.stderr
+        return result
+
     def queue_keys(self) -> list[str]:
         """The broker's lists for this test's queue, one per priority step."""
         from broker.layout import queue_lists

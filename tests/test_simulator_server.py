@@ -337,7 +337,7 @@ def _slow_calls(sim: Sim, n: int) -> list[str]:
 def test_requests_beyond_max_num_seqs_wait_their_turn(start_sim: Callable[..., Sim]) -> None:
     sim = start_sim(
         max_num_seqs=2,
-        time_per_token=0.01,
+        time_per_token=0.03,  # long enough that the third request waits, even on a busy machine
         min_answer_tokens=20,
         max_answer_tokens=20,
         reasoning_tokens=0,
@@ -363,10 +363,14 @@ def test_sim_config_raises_capacity_at_runtime(start_sim: Callable[..., Sim]) ->
 
 
 def test_shrinking_capacity_lets_running_requests_finish(start_sim: Callable[..., Sim]) -> None:
-    sim = start_sim(max_num_seqs=2, time_per_token=0.01, min_answer_tokens=20, reasoning_tokens=0)
+    # Answers of 40 tokens at 50 ms: both are still running when a loaded machine looks.
+    sim = start_sim(
+        max_num_seqs=2, time_per_token=0.05, min_answer_tokens=40, max_answer_tokens=40,
+        reasoning_tokens=0,
+    )  # fmt: skip
     with ThreadPoolExecutor(1) as pool:
         done = pool.submit(_slow_calls, sim, 2)
-        wait_until(lambda: sim.stats()["running"] == 2)
+        wait_until(lambda: sim.stats()["running"] == 2, timeout=15.0)
         httpx.post(f"{sim.url}/sim/config", json={"max_num_seqs": 1})
         assert len(done.result()) == 2
     assert sim.stats()["completed"] == 2 and sim.stats()["max_num_seqs"] == 1

@@ -26,6 +26,13 @@ def compile_template(text: str) -> Any:
     return template
 
 
+def reads_variable(template: Any, text: str, name: str) -> bool:
+    """Whether a compiled template's source reads the variable ``name`` (``tools``, say)."""
+    from jinja2 import meta
+
+    return name in meta.find_undeclared_variables(template.environment.parse(text))
+
+
 _DICT_ATTRS = frozenset(dir(dict))
 
 

@@ -57,6 +57,7 @@ class Record:
     assistant_at: tuple[int, ...]
     turns: tuple[TurnMeta, ...]
     template_kwargs: dict[str, Any]
+    tools: list[dict[str, Any]] | None = None  # the functions the conversation could call
 
     @property
     def has_ids(self) -> bool:
@@ -151,7 +152,22 @@ def parse_record(obj: Any) -> Record:
         assistant_at=tuple(assistant_at),
         turns=_turn_meta(generation, len(assistant_at)),
         template_kwargs=dict(kwargs) if isinstance(kwargs, dict) else {},
+        tools=_tools(obj.get("tools")),
     )
+
+
+def _tools(value: Any) -> list[dict[str, Any]] | None:
+    """The record's tool specs (a JSON string is read), or None; RecordError if malformed."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else None
+        except ValueError:
+            raise RecordError("'tools' is not valid JSON") from None
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise RecordError("'tools' is not a list of objects")
+    return value
 
 
 def _record_id(obj: dict[str, Any], raw: list[Any]) -> str:
@@ -194,6 +210,7 @@ def specforge_row(
     messages: tuple[dict[str, Any], ...],
     finish_reason: str | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Return a conversations row both trainers read, with what their tools check.
 
@@ -201,13 +218,18 @@ def specforge_row(
     ``finish_reason`` is the row's last turn's; the record's chat template kwargs
     (``enable_thinking`` …) sit at the top level, where SpecForge's preprocessing passes every
     extra column to the chat template, so each row renders with the settings it was generated
-    with.
+    with. A tool-calling conversation keeps its ``tools`` at the top level too (where SpecForge
+    passes them to the template) and each message's ``tool_calls``, ``tool_call_id`` and
+    ``name``.
     """
     out = []
     for m in messages:
         item = {"role": m["role"], "content": m["content"]}
         if m.get("reasoning_content"):
             item["reasoning_content"] = m["reasoning_content"]
+        item.update((key, m[key]) for key in _PASSTHROUGH if m.get(key) is not None)
         out.append(item)
     row: dict[str, Any] = {**(template_kwargs or {}), "id": row_id, "conversations": out}
+    if tools:
+        row["tools"] = tools
     return row | {"status": "success", "finish_reason": finish_reason}

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from training.chat_template import compile_template
+from training.chat_template import compile_template, reads_variable
 from training.id_rows import IdRow, difference, id_rows, show
 from training.records import Record, RecordError, parse_line, specforge_row
 from training.render import (
@@ -91,9 +91,13 @@ class RowBuilder:
         self.cfg = cfg
         self.template = compile_template(cfg.template)
         self.span_cfg = span_config(cfg.template, cfg.template_name, cfg.end_tokens)
+        self.renders_tools = reads_variable(self.template, cfg.template, "tools")
 
-    def render_for(self, kwargs: Mapping[str, Any]) -> Render:
-        """Return a render function with the tokenizer's special tokens and the record's kwargs."""
+    def render_for(
+        self, kwargs: Mapping[str, Any], tools: list[dict[str, Any]] | None = None
+    ) -> Render:
+        """Return a render function with the tokenizer's special tokens, the record's kwargs
+        and its tools (as transformers' ``apply_chat_template(tools=...)`` passes them)."""
         ctx = {**self.cfg.special_map, **kwargs}
         template = self.template
 
@@ -101,7 +105,7 @@ class RowBuilder:
             """Render messages as transformers' apply_chat_template(tokenize=False) does."""
             text: str = template.render(
                 messages=list(messages),
-                tools=None,
+                tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **ctx,
@@ -119,7 +123,12 @@ class RowBuilder:
         """Render a record's turns and group them into rows."""
         from jinja2 import TemplateError as JinjaError
 
-        render = self.render_for(record.template_kwargs)
+        if record.tools and not self.renders_tools:
+            raise TemplateError(
+                f"chat template {self.cfg.template_name!r} does not render tools, and record "
+                f"{record.id} (line {line_no}) has them: use the target's tool-calling template"
+            )
+        render = self.render_for(record.template_kwargs, record.tools)
         cuts = [t.finish_reason == "length" for t in record.turns]
         try:
             turns = conversation_turns(
@@ -282,7 +291,7 @@ class RowBuilder:
         row_id = _row_id(record, last, split)
         history = record.messages[: record.assistant_at[last] + 1]
         reason = record.turns[last].finish_reason
-        row_json = specforge_row(row_id, history, reason, record.template_kwargs)
+        row_json = specforge_row(row_id, history, reason, record.template_kwargs, record.tools)
         line = json.dumps(row_json, ensure_ascii=False)
         outcome.rows.append(OutRow(row_id, ids, mask, truncated, line))
 

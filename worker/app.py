@@ -22,6 +22,7 @@ from worker.endpoints.capacity import SlotTable
 from worker.endpoints.pool import EndpointPool, chat_client, rate_limiter
 from worker.pipeline.aborts import Aborter
 from worker.pipeline.clock_watch import ClockWatch
+from worker.pipeline.heartbeat import Heartbeat
 from worker.pipeline.leases import LeaseKeeper
 from worker.pipeline.observe import Observer
 from worker.pipeline.processing import SampleProcessor
@@ -43,8 +44,9 @@ class WorkerParts:
         self.processor = SampleProcessor(
             settings, self.stores, self.endpoints, self.leases, self.observer, self.aborter
         )
-        self.reconciler = ReconcilerLoop(self.redis, settings, hand_back, self.aborter)
+        self.reconciler = ReconcilerLoop(self.redis, settings, hand_back, aborter=self.aborter)
         self.clock = ClockWatch(self.redis, settings)
+        self.heartbeat = Heartbeat(self.redis, settings, self.leases.count)
         self.settings = settings
         self._endpoint_threads: list[threading.Thread] = []
         self._start_lock = threading.Lock()
@@ -79,6 +81,7 @@ class WorkerParts:
         self.observer.start()
         self.reconciler.start()
         self.clock.start()
+        self.heartbeat.start()
 
     def _probe_aborts(self) -> None:
         for endpoint in self.settings.endpoints:
@@ -86,6 +89,7 @@ class WorkerParts:
 
     def close(self) -> None:
         """Stop every thread, give back endpoint slots, close connections."""
+        self.heartbeat.close()
         self.clock.close()
         self.reconciler.close()
         self.observer.close()

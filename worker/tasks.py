@@ -60,11 +60,11 @@ def after_error(exc: BaseException, retries: int, settings: Settings) -> Next | 
 
 def register_tasks(
     app: Celery, settings: Settings, processor: Callable[[], Processor],
-    hand_back: Callable[[str, list[str]], object],
+    hand_back: Callable[[str, list[str]], object], name: str = GENERATE_TASK,
 ) -> None:  # fmt: skip
-    """Attach EagleGen's task to ``app``."""
+    """Attach EagleGen's task to ``app`` (``name``: capture's task reuses the adapter)."""
 
-    @app.task(bind=True, name=GENERATE_TASK, max_retries=None)  # type: ignore[untyped-decorator]
+    @app.task(bind=True, name=name, max_retries=None)  # type: ignore[untyped-decorator]
     def generate(self: Any, run: str, sample_id: str) -> str:
         work = processor()
         try:

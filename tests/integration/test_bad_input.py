@@ -78,9 +78,9 @@ def test_rows_without_a_user_turn_or_in_another_format_are_counted(stack: Stack,
     source = _write(tmp_path, "m.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
     result = stack.enqueue(source)
     assert "enqueued 1, already present 0, duplicates 0, invalid 3" in result.stdout
-    assert "row 1: skipped, no user turn" in result.stderr
-    assert "row 2: skipped, no 'messages' list (format openai)" in result.stderr
-    assert "row 3: skipped, message 0 has non-text content parts" in result.stderr
+    assert "line 2: skipped, no user turn" in result.stderr
+    assert "line 3: skipped, no 'messages' list (format openai)" in result.stderr
+    assert "line 4: skipped, message 0 has non-text content parts" in result.stderr
 
 
 def test_a_file_in_no_known_format_is_all_invalid(stack: Stack, tmp_path):

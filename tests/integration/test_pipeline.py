@@ -76,7 +76,7 @@ def test_a_permanent_fault_lands_in_failed_without_retries(stack: Stack, tmp_pat
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     stack.worker(concurrency=2)
     stack.collector()
-    stack.enqueue(source, "--max-tokens", "64")
+    stack.enqueue_unchecked(source, "--max-tokens", "64")  # the long prompt meets a 400
     stack.wait_complete()
     counts = stack.store.counts()
     assert (counts.done, counts.failed, counts.retries) == (1, 1, 0)
@@ -136,8 +136,11 @@ def test_duplicates_and_invalid_rows_are_counted_and_reported(stack: Stack, tmp_
     )
     result = stack.enqueue(source)
     assert "enqueued 2, already present 0, duplicates 1, invalid 4" in result.stdout
-    for row, reason in [(2, "broken JSON"), (3, "empty"), (4, "not a string"), (5, "not UTF-8")]:
-        assert f"row {row}: skipped, " in result.stderr and reason in result.stderr
+    for line, reason in [(3, "broken JSON"), (4, "empty"), (5, "not a string"), (6, "not UTF-8")]:
+        assert f"line {line}: skipped, " in result.stderr and reason in result.stderr
+    # One summary says why: the rows read, and each kind of skip with its count.
+    assert "read 7 rows" in result.stdout and "duplicates: the same prompt" in result.stdout
+    assert "invalid: 1 broken JSON" in result.stdout and "1 not UTF-8" in result.stdout
 
 
 def test_failed_samples_can_be_retried(stack: Stack, tmp_path):
@@ -145,7 +148,7 @@ def test_failed_samples_can_be_retried(stack: Stack, tmp_path):
     source.write_text(json.dumps({"prompt": "a long question " * 40}) + "\n")
     stack.simulator("--max-model-len", "100")  # a server whose context is too short: HTTP 400
     first = stack.worker(concurrency=1)
-    stack.enqueue(source)
+    stack.enqueue_unchecked(source)
     wait_for(lambda: stack.store.counts().failed == 1, 60, "the sample to fail")
     assert next(iter(stack.store.failures().values())).kind == "400"
     first.terminate()
@@ -154,7 +157,7 @@ def test_failed_samples_can_be_retried(stack: Stack, tmp_path):
     stack.worker(concurrency=1)
     stack.collector()
     result = stack.procs.run(["retry-failed"], stack.env)
-    assert "requeued 1" in result.stderr
+    assert "requeued 1" in result.stdout
     stack.wait_complete()
     assert len(stack.lines()) == 1
 

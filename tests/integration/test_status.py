@@ -15,7 +15,7 @@ def test_status_counts_match_a_run_with_known_retries_failures_and_tokens(stack:
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     worker = stack.worker(concurrency=3)
     stack.collector()
-    stack.enqueue(source, "--max-tokens", "64")
+    stack.enqueue_unchecked(source, "--max-tokens", "64")  # the long prompt meets a 400
     stack.wait_complete()
     stack.procs.stop(worker)  # its last second of turn statistics is written as it stops
     records = stack.lines()
@@ -29,7 +29,7 @@ def test_status_counts_match_a_run_with_known_retries_failures_and_tokens(stack:
     assert "maximum context length" in status["last_errors"]["400"]
     assert status["goodput"] == {
         "kept_tokens": tokens, "wasted_tokens": 0, "fraction_kept": 1.0, "resumed_turns": 0,
-        "resumed_tokens": 0,
+        "resumed_tokens": 0, "discarded_checkpoints": 0,
     }  # fmt: skip
     assert status["samples_per_s_last_minute"] > 0 and status["eta_s"] == 0
     [endpoint] = [e for url, e in status["endpoints"].items() if "requests" in e]

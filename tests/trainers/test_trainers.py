@@ -66,11 +66,15 @@ def trainers_python() -> Path:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Tokenize and export the fixture, run the peers on it; return everything compared."""
+    return peer_run(RECORDS, tmp_path_factory.mktemp("trainers"))
+
+
+def peer_run(records: Path, tmp: Path) -> dict[str, Any]:
+    """Tokenize and export ``records`` with a Qwen3 tokenizer, run the peers on the export."""
     python = trainers_python()
-    tmp = tmp_path_factory.mktemp("trainers")
     tok = cached_tokenizer("qwen3")
     tok.save_pretrained(str(tmp / "tokenizer"))
-    stats = tokenize(RECORDS, tok, tmp / "tokenized", **quiet())
+    stats = tokenize(records, tok, tmp / "tokenized", **quiet())
     draft = tied_draft_size(tmp / "tokenized" / "dataset")
     export(tmp / "tokenized", tmp / "export", draft_vocab_size=draft)
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp), "HF_HOME": str(tmp / "hf")}

@@ -15,8 +15,8 @@ endpoint gives them is learned from its first answers and remembered (:class:`Id
 A turn cut short continues from a :class:`~common.models.Checkpoint` (docs/resume.md):
 exactly from its token ids on ``/v1/completions``, else from its text with
 ``continue_final_message``, and only where the server proves it continues (else the turn
-starts again: an answer given afresh is never joined to the partial). While a turn streams, a
-:class:`Progress` is offered checkpoints, and an error that breaks a stream carries the
+starts again: an answer given afresh is never joined to the partial). While a turn streams,
+a :class:`Progress` is offered checkpoints, and an error that breaks a stream carries the
 checkpoint of what had arrived.
 """
 
@@ -210,19 +210,21 @@ class ChatClient:
         turn: int = 0,
         resume: Checkpoint | None = None,
         progress: Progress | None = None,
+        fields: dict[str, Any] | None = None,
     ) -> TurnResult:
         """Generate assistant turn ``turn``, or continue it from ``resume``.
 
         ``check`` runs per network read and may raise to abort; ``progress`` is offered a
         checkpoint when it says one is due. An error that breaks the stream carries the
-        checkpoint of what had arrived (``exc.checkpoint``).
+        checkpoint of what had arrived (``exc.checkpoint``). ``fields``: what the sample adds
+        to every request (its ``tools`` and ``tool_choice``).
         """
         model = self.model()
         if resume is not None and self._resumable(resume, model):
             resumed = self._continue(messages, params, check, progress, resume, model)
             if resumed is not None:
                 return resumed
-        result = self._fresh(messages, params, check, turn, progress, model)
+        result = self._fresh(messages, params, check, turn, progress, model, fields)
         if resume is not None and resume.tokens > 0:
             # The checkpoint could not be continued: its tokens were generated again.
             result.discarded_tokens = resume.tokens
@@ -230,11 +232,11 @@ class ChatClient:
 
     def _fresh(
         self, messages: Messages, params: GenParams, check: Check | None, turn: int,
-        progress: Progress | None, model: str,
+        progress: Progress | None, model: str, fields: dict[str, Any] | None = None,
     ) -> TurnResult:  # fmt: skip
         """The turn generated from its start on the chat API."""
         ask = self.ids.ask()
-        body = chat_body(model, messages, params, ask)
+        body = chat_body(model, messages, params, ask, fields)
         try:
             result = self._turn(
                 self._chat_url, body, TurnStream(self.endpoint, model, turn), check, progress
@@ -242,7 +244,7 @@ class ChatClient:
         except errors.BadRequest as exc:
             if not (ask and self.ids.refused(exc)):
                 raise
-            body = chat_body(model, messages, params, False)
+            body = chat_body(model, messages, params, False, fields)
             result = self._turn(
                 self._chat_url, body, TurnStream(self.endpoint, model, turn), check, progress
             )
@@ -413,9 +415,14 @@ class ChatClient:
         self._http.close()
 
 
-def chat_body(model: str, messages: Messages, params: GenParams, token_ids: bool) -> bytes:
-    """The JSON body of one streamed chat completion."""
+def chat_body(
+    model: str, messages: Messages, params: GenParams, token_ids: bool,
+    fields: dict[str, Any] | None = None,
+) -> bytes:  # fmt: skip
+    """The JSON body of one streamed chat completion (``fields``: the sample's tools)."""
     body = _chat_fields(model, messages, params, params.max_tokens)
+    if fields:
+        body.update(fields)
     if token_ids:
         body["return_token_ids"] = True
     return _encode(body)
@@ -443,8 +450,7 @@ def completion_body(model: str, prompt: list[int], params: GenParams, max_tokens
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
+        **params.sampling(),  # unset: the server's generation config applies
         "stream": True,
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
@@ -459,8 +465,7 @@ def _chat_fields(
         "model": model,
         "messages": messages,
         "max_tokens": max_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
+        **params.sampling(),  # unset: the server's generation config applies
         "stream": True,
         "stream_options": {"include_usage": True},
     }

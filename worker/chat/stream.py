@@ -13,6 +13,7 @@ from typing import Any
 from common import errors
 from common.models import Checkpoint, TurnResult, Usage
 from worker.chat.reasoning import continue_text, finish_text
+from worker.chat.tool_calls import ToolCallParts
 
 # The JSON scanner at an offset (json.loads would first copy the payload out and re-check it).
 _scan = json.JSONDecoder().raw_decode
@@ -52,6 +53,7 @@ class TurnStream:
         # text and ids agree (a token held back by the detokenizer, or a trailing end-of-turn
         # or end-of-reasoning token, is generated again rather than continued from).
         self.text_ids = 0
+        self.tool_calls: ToolCallParts | None = None  # made by the first tool-call fragment
         self._rest = b""
 
     def feed(self, data: bytes) -> None:
@@ -134,7 +136,11 @@ class TurnStream:
         thought = delta.get("reasoning") or delta.get("reasoning_content")
         if thought:
             self.reasoning.append(thought)
-        return bool(text or thought)
+        calls = delta.get("tool_calls")
+        if calls:
+            self.tool_calls = self.tool_calls or ToolCallParts()
+            self.tool_calls.add(calls)
+        return bool(text or thought or calls)
 
     def tokens(self) -> int:
         """Tokens received so far: the ids where given, else ~1 per text chunk."""
@@ -146,14 +152,15 @@ class TurnStream:
             raise errors.Disconnected(f"{self.endpoint}: stream ended without a finish_reason")
         streamed_reasoning, streamed = self._texts()
         reasoning, content = finish_text(streamed, streamed_reasoning)
-        if not content.strip() and not reasoning and self.finish_reason != "length":
+        calls = self.tool_calls.calls() if self.tool_calls else None
+        if not (content.strip() or reasoning or calls) and self.finish_reason != "length":
             raise errors.EmptyResponse(f"{self.endpoint}: the model returned an empty answer")
         prompt_ids, ids = self._ids(len(self.token_ids))
         return TurnResult(
             content=content, reasoning=reasoning, finish_reason=self.finish_reason,
             usage=self._usage(), latency_s=round(latency, 3), endpoint=self.endpoint,
             model=model, prompt_token_ids=prompt_ids, token_ids=ids,
-            resumed_from_tokens=self.resumed,
+            resumed_from_tokens=self.resumed, tool_calls=calls,
         )  # fmt: skip
 
     def finished(self) -> TurnResult:

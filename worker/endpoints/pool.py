@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import redis
 
@@ -231,10 +232,12 @@ class EndpointPool:
         for url in self.clients:
             try:
                 self.clients[url].probe(self.settings.connect_timeout)
+                model = self.clients[url].model()
             except errors.GenerationError as exc:
                 self._found_down(url, exc)
                 continue
-            log.info("endpoint %s answers", url)
+            chosen = "EAGLEGEN_MODEL" if self.settings.model else "the first of its /v1/models"
+            log.info("endpoint %s answers; serving model %s (%s)", url, model, chosen)
             self._report(url, None)
 
     def _found_down(self, url: str, exc: errors.GenerationError) -> None:
@@ -321,15 +324,19 @@ class _MeteredClient(ChatClient):
     def complete(
         self, messages: Messages, params: GenParams, check: Check | None = None, *,
         turn: int = 0, resume: Checkpoint | None = None, progress: Progress | None = None,
+        fields: dict[str, Any] | None = None,
     ) -> TurnResult:  # fmt: skip
         """Generate one turn within the budget; an aborted stream pays what the server spent."""
         prompt = estimate_prompt_tokens(messages)
+        if fields:  # the tools' definitions are prompt tokens too
+            prompt += len(str(fields)) // 4
         reserved = self._limiter.reserve_tokens(prompt + params.max_tokens, check)
         used = reserved  # unknown (an abort of ours): the reservation stands
         try:
             result = super().complete(
-                messages, params, check, turn=turn, resume=resume, progress=progress
-            )
+                messages, params, check, turn=turn, resume=resume, progress=progress,
+                fields=fields,
+            )  # fmt: skip
             used = result.usage.prompt_tokens + result.usage.completion_tokens
             return result
         except errors.GenerationError as exc:

@@ -88,18 +88,24 @@ def build_record(
         conversation.append(
             Message(role="assistant", content=answer.content, reasoning_content=answer.reasoning)
         )
+    return Record(
+        id=sample.id, run=run, conversations=conversation, source=sample.source,
+        generation=generation_of(params, turns, attempts),
+    )  # fmt: skip
+
+
+def generation_of(
+    params: GenParams, turns: list[TurnResult], attempts: int, **extra: Any
+) -> Generation:
+    """How a sample's turns were generated: the last turn's model and finish, summed usage
+    and latency, each turn's stats (``extra``: more fields, such as a stop reason)."""
     last = turns[-1]
     usage = Usage(
         prompt_tokens=sum(t.usage.prompt_tokens for t in turns),
         completion_tokens=sum(t.usage.completion_tokens for t in turns),
     )
-    generation = Generation(
+    return Generation(
         model=last.model, endpoint=last.endpoint, finish_reason=last.finish_reason, usage=usage,
         turns=[t.stats() for t in turns], attempts=attempts,
-        latency_s=round(sum(t.latency_s for t in turns), 3),
-        params=params,
-    )  # fmt: skip
-    return Record(
-        id=sample.id, run=run, conversations=conversation, source=sample.source,
-        generation=generation,
+        latency_s=round(sum(t.latency_s for t in turns), 3), params=params, **extra,
     )  # fmt: skip

@@ -94,7 +94,12 @@ class Observer:
         self.summary.add(turns=1, tokens=tokens)
 
     def error(self, run: str, exc: errors.GenerationError) -> None:
-        """An attempt failed; the tokens it streamed are wasted."""
+        """An attempt failed; the tokens it streamed are wasted. A hand-back or a takeover is
+        no error: counted apart, and not against its endpoint."""
+        if isinstance(exc, errors.HandedBack | errors.LeaseLost):
+            self.recorder(run).handoff(exc.kind, exc.tokens_streamed)
+            self.metrics.error(exc.endpoint or "none", exc.kind, exc.tokens_streamed)
+            return
         self.recorder(run).error(exc.kind, str(exc), exc.endpoint, exc.tokens_streamed)
         self.metrics.error(exc.endpoint or "none", exc.kind, exc.tokens_streamed)
         self.summary.add(errors=1)

@@ -15,11 +15,12 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 
-from common import errors
+from common import errors, tool_counts
+from common.keys import CUT_TURNS, DROPPED_TURNS
 from common.logs import secrets_of
 from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
 from common.redact import redact
@@ -29,9 +30,11 @@ from worker.chat.checkpoints import TurnCheckpoints
 from worker.chat.client import ChatClient, Check, Messages
 from worker.endpoints.routing import RouteHint, hint_for
 from worker.pipeline.aborts import Aborter, TurnRequests
+from worker.pipeline.breaker import Breaker
 from worker.pipeline.generate import answer_turns, build_record
 from worker.pipeline.leases import LeaseKeeper
 from worker.pipeline.observe import Observer
+from worker.pipeline.tool_turns import answer_tool_turns, build_tool_record, request_fields
 
 log = logging.getLogger("eaglegen.worker")
 
@@ -54,6 +57,7 @@ class Turn:
     resume: Checkpoint | None = None
     progress: TurnCheckpoints | None = None  # None: EAGLEGEN_RESUME=off, no checkpoints
     requests: TurnRequests | None = None  # its requests, kept beside the lease to abort
+    fields: dict[str, Any] | None = None  # the sample's tools, sent with every request
 
 
 def _keep_break_point(exc: errors.GenerationError, progress: TurnCheckpoints | None) -> None:
@@ -82,6 +86,7 @@ class SampleProcessor:
         self.observer = observer
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._params: dict[str, GenParams] = {}
+        self.breaker = Breaker()
         self._drain_deadline: float | None = None
 
     def begin_drain(self) -> None:
@@ -116,6 +121,7 @@ class SampleProcessor:
             self.leases.drop(run, sample_id)
 
     def _under_lease(self, store: RunStore, sample_id: str, retries: int) -> str:
+        self.breaker.check(store)  # open: failed at once, not sent to fail at the server
         token = f"{self.owner}:{uuid.uuid4().hex[:8]}"
         taken = store.take(sample_id, token, self.settings.lease_ttl, retries)
         if taken.outcome != "ok":
@@ -148,6 +154,7 @@ class SampleProcessor:
             log.info("not failing %s/%s: another worker is generating it", run, sample_id)
             return
         log.warning("failed %s/%s: %s", run, sample_id, failure.message)
+        self.breaker.failed(store, failure)
 
     def count_retry(self, run: str) -> None:
         """A transient failure will be retried after its backoff."""
@@ -160,9 +167,10 @@ class SampleProcessor:
         if taken.sample is None:
             raise errors.PermanentError(f"sample {sample_id} has no stored prompt")
         sample = taken.sample
-        params = self.params(store.run)
+        params = sample.params or self.params(store.run)  # retry-failed may have set its own
         call = self._caller(store, taken, token, params, self._checker(sample_id, cancelled))
-        turns = answer_turns(
+        answer = answer_turns if sample.script is None else answer_tool_turns
+        turns = answer(
             sample, params, taken.partial, call=call,
             save=lambda done: store.save_partial(sample_id, done),
         )  # fmt: skip
@@ -176,7 +184,10 @@ class SampleProcessor:
         assert taken.sample is not None
         sample_id, answered = taken.sample.id, taken.partial
         hint = hint_for(taken.sample, params, answered)  # the saved progress keeps the affinity
-        resuming = self.settings.resume == "auto"
+        # A turn with tool calls is not continued from a checkpoint: the continuation of its
+        # ids on /v1/completions has no tool parser, so its calls would come back as text.
+        resuming = self.settings.resume == "auto" and taken.sample.tools is None
+        fields = request_fields(taken.sample)
         resume = taken.resume_point() if resuming else None
         if resume is not None:  # its prompt and partial answer are in that server's cache
             hint = hint.after(resume.endpoint)
@@ -190,7 +201,7 @@ class SampleProcessor:
             base = resume.tokens if resume is not None else 0
             requests = TurnRequests(store, sample_id, token, self.aborter, progress,
                                     params.max_tokens, base)  # fmt: skip
-            turn = Turn(index, resume, progress, requests)
+            turn = Turn(index, resume, progress, requests=requests, fields=fields)
             result = self._call(store.run, messages, params, check, hint, turn)
             hint, resume, index = hint.after(result.endpoint), None, index + 1
             return result
@@ -214,7 +225,7 @@ class SampleProcessor:
             with self.endpoints.borrow(check, hint) as client:
                 result = client.complete(
                     messages, params, check, turn=turn.index, resume=turn.resume,
-                    progress=turn.requests,
+                    progress=turn.requests, fields=turn.fields,
                 )  # fmt: skip
         except errors.GenerationError as exc:
             _keep_break_point(exc, turn.progress)
@@ -229,10 +240,15 @@ class SampleProcessor:
         self, store: RunStore, sample: Sample, params: GenParams, turns: list[TurnResult],
         token: str, attempts: int,
     ) -> str:  # fmt: skip
-        record = build_record(store.run, sample, params, turns, attempts)
+        build = build_record if sample.script is None else build_tool_record
+        record = build(store.run, sample, params, turns, attempts)
         tokens = sum(t.usage.completion_tokens for t in turns)
         outcome = self._store(store, sample.id, record.to_json(), tokens, token)
+        if outcome == "stored" and sample.script is not None:
+            tool_counts.count(store.r, store.keys, record)
         self.observer.finished(store.run, tokens, kept=outcome == "stored")
+        if outcome == "stored":
+            _count_cut(store, params, sample, turns)
         log.debug(
             "sample run=%s id=%s outcome=%s turns=%d tokens=%d attempts=%d latency_s=%.2f",
             store.run, sample.id, outcome, len(turns), tokens, attempts,
@@ -254,3 +270,14 @@ class SampleProcessor:
                 log.warning("storing %s/%s failed (%s); trying again", store.run, sample_id, exc)
                 time.sleep(pause)
                 pause = min(pause * 2, 5.0)
+
+
+def _count_cut(store: RunStore, params: GenParams, sample: Sample, turns: list[TurnResult]) -> None:
+    """Turns cut at max_tokens, and the later user turns they left unanswered (a cut turn
+    ends its conversation): counted for ``status``, only for samples that have them."""
+    cut = sum(1 for t in turns if t.finish_reason == "length")
+    dropped = max(len(params.turns_of(sample.user_turns)) - len(turns), 0) if cut else 0
+    if cut:
+        store.incr(CUT_TURNS, cut)
+    if dropped:
+        store.incr(DROPPED_TURNS, dropped)

@@ -167,13 +167,14 @@ class ReconcilerLoop:
     """Reconciliation passes in the background; one process cluster-wide runs each pass."""
 
     def __init__(
-        self, client: redis.Redis, settings: Settings, publish: Publish,
+        self, client: redis.Redis, settings: Settings, publish: Publish, lock: str | None = None,
         aborter: Aborter | None = None,
     ) -> None:  # fmt: skip
         self.reconciler = Reconciler(client, settings, publish, aborter)
         self.interval = settings.reconcile_interval
         # Shorter than the interval, so the lock is free again when the next pass is due.
-        lock = reconciler_lock_key(settings.key_prefix)
+        # ``lock``: another queue's own (a pass serves one queue's runs only).
+        lock = lock or reconciler_lock_key(settings.key_prefix)
         self._lock = HeldLock(client, lock, self.interval * 0.9)
         self._ticker = Ticker("reconciler", self.interval, self._tick)
 

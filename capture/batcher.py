@@ -1,0 +1,95 @@
+"""Rows from many task threads into one forward pass, up to a token budget.
+
+Each task thread hands in its row and waits; one thread takes whatever is waiting (after a
+short linger for the batch to fill), cuts it at the budget (padded tokens: rows x longest),
+runs the model and gives each thread its row's states. A row longer than the budget runs
+alone.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from capture.forward import States
+
+Forward = Callable[[list[list[int]], tuple[int, int, int]], list[States]]
+
+
+@dataclass
+class _Waiting:
+    ids: list[int]
+    aux: tuple[int, int, int]
+    future: Future[States] = field(default_factory=Future)
+
+
+def take_batch(waiting: list[_Waiting], budget: int) -> list[_Waiting]:
+    """The longest prefix of ``waiting`` (same aux layers) whose padded size fits ``budget``;
+    at least one row."""
+    first = waiting[0]
+    batch, longest = [first], len(first.ids)
+    for item in waiting[1:]:
+        if item.aux != first.aux:
+            continue
+        grown = max(longest, len(item.ids))
+        if grown * (len(batch) + 1) > budget:
+            break
+        batch.append(item)
+        longest = grown
+    return batch
+
+
+class Batcher:
+    """Collects rows and runs them in batches on one thread."""
+
+    def __init__(self, forward: Forward, budget: int, linger_s: float) -> None:
+        self.forward = forward
+        self.budget = budget
+        self.linger_s = linger_s
+        self._waiting: list[_Waiting] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="capture-batcher", daemon=True)
+        self._thread.start()
+
+    def run(self, ids: list[int], aux: tuple[int, int, int]) -> States:
+        """This row's states, computed in some batch."""
+        item = _Waiting(ids, aux)
+        with self._cond:
+            self._waiting.append(item)
+            self._cond.notify()
+        return item.future.result()
+
+    def close(self) -> None:
+        """Stop after the current batch."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while batch := self._next():
+            try:
+                states = self.forward([w.ids for w in batch], batch[0].aux)
+            except BaseException as exc:  # handed to the rows' threads, which decide
+                for w in batch:
+                    w.future.set_exception(exc)
+                continue
+            for w, s in zip(batch, states, strict=True):
+                w.future.set_result(s)
+
+    def _next(self) -> list[_Waiting]:
+        with self._cond:
+            while not self._waiting and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return []
+        time.sleep(self.linger_s)  # let the other threads' rows join this batch
+        with self._cond:
+            batch = take_batch(self._waiting, self.budget)
+            taken = {id(w) for w in batch}
+            self._waiting = [w for w in self._waiting if id(w) not in taken]
+        return batch

@@ -1,0 +1,131 @@
+"""``eaglegen capture enqueue``: one task per row of a tokenized dataset, once per run.
+
+Row ids are the dataset's row indices, so enqueueing again adds nothing; the dataset's
+content fingerprint is part of the run, so a changed dataset under the same run is refused
+before anything is queued. The bytes the new rows will take are estimated from the model's
+config and checked against the output filesystem's free space.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from capture.layers import plan
+from capture.manifest import MANIFEST
+from capture.rows import fingerprint, row_lengths
+from capture.spec import CaptureSpec, Layout, RowRef
+from capture.store import CaptureStore
+from common.errors import ConfigError
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+MARKER = ".eaglegen-capture.json"  # OUT_DIR belongs to this run
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate and the layer check need from a model's ``config.json``."""
+
+    layers: int
+    hidden: int
+    dtype_bytes: int
+
+    @classmethod
+    def read(cls, model_dir: Path) -> ModelShape:
+        """From ``model_dir/config.json`` (a multimodal config's ``text_config`` too)."""
+        try:
+            config: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read {model_dir}/config.json: {exc}") from exc
+        config = config.get("text_config") or config
+        dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+        return cls(
+            int(config["num_hidden_layers"]), int(config["hidden_size"]),
+            DTYPE_BYTES.get(dtype.replace("torch.", ""), 4),
+        )  # fmt: skip
+
+    def bytes_for(self, tokens: int) -> int:
+        """Hidden-state bytes of ``tokens`` tokens: 4 states of H each."""
+        return tokens * 4 * self.hidden * self.dtype_bytes
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """What an enqueue did."""
+
+    rows: int
+    new: int
+    present: int
+    estimate_bytes: int
+    free_bytes: int
+
+
+def model_of(tokenized_dir: Path, model: Path | None) -> Path:
+    """The target: ``--model``, else the tokenizer folder ``eaglegen tokenize`` used."""
+    if model is not None:
+        return model
+    try:
+        stats = json.loads((tokenized_dir / "stats.json").read_text())
+    except (OSError, ValueError):
+        stats = {}
+    found = Path(str(stats.get("tokenizer", "")))
+    if stats.get("tokenizer") and (found / "config.json").is_file():
+        return found
+    raise ConfigError("give --model MODEL_DIR: its config.json sizes the disk estimate")
+
+
+def claim_out_dir(out_dir: Path, run: str) -> None:
+    """Make OUT_DIR this run's, or refuse one that holds anything else."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    marker = out_dir / MARKER
+    if marker.is_file():
+        owner = json.loads(marker.read_text()).get("run")
+        if owner != run:
+            raise ConfigError(
+                f"{out_dir} holds capture run {owner!r}, not {run!r}: use another --out"
+            )
+        return
+    strangers = [p.name for p in out_dir.iterdir() if p.name != MANIFEST]
+    if strangers:
+        raise ConfigError(
+            f"{out_dir} is not empty and not a capture output ({', '.join(sorted(strangers)[:3])}"
+            "...): nothing in it is overwritten; use an empty or new --out"
+        )
+    marker.write_text(json.dumps({"run": run}) + "\n")
+
+
+def enqueue_rows(
+    store: CaptureStore, publish: Any, tokenized_dir: Path, out_dir: Path, layout: Layout,
+    aux: tuple[int, ...] | None, shape: ModelShape, queue: str, force: bool = False,
+) -> Enqueued:  # fmt: skip
+    """Check, record and queue the rows; ``publish(run, ids)`` sends the new ones."""
+    tokenized_dir, out_dir = tokenized_dir.resolve(), out_dir.resolve()
+    plan(layout, shape.layers, aux)  # refuse layers the model does not have, before anything
+    lengths = row_lengths(tokenized_dir)
+    spec = CaptureSpec(
+        tokenized_dir=str(tokenized_dir), fingerprint=fingerprint(tokenized_dir),
+        out_dir=str(out_dir), layout=layout, aux_layers=aux, rows=len(lengths),
+    )  # fmt: skip
+    existing = store.spec()
+    if existing is not None and existing.fingerprint != spec.fingerprint:
+        store.ensure_spec(spec, queue)  # raises the mismatch
+    known = store.runs.known([str(i) for i in range(len(lengths))])
+    fresh_tokens = sum(n for n, seen in zip(lengths, known, strict=True) if not seen)
+    estimate = shape.bytes_for(fresh_tokens)
+    claim_out_dir(out_dir, store.run)
+    free = shutil.disk_usage(out_dir).free
+    if estimate > free and not force:
+        raise ConfigError(
+            f"the new rows need about {estimate / 1e9:.2f} GB and {out_dir} has "
+            f"{free / 1e9:.2f} GB free: free some space or pass --force"
+        )
+    store.ensure_spec(spec, queue)
+    refs = [RowRef(row=i, tokens=n) for i, n in enumerate(lengths)]
+    flags = store.accept(refs)
+    new_ids = [str(r.row) for r, new in zip(refs, flags, strict=True) if new]
+    if new_ids:
+        publish(store.run, new_ids)
+    return Enqueued(len(refs), len(new_ids), len(refs) - len(new_ids), estimate, free)

@@ -1,0 +1,121 @@
+"""Capturing one row under its lease: the work behind each capture task message.
+
+The row's states come from the batcher (one forward pass for many rows), its file is written
+atomically, and its manifest line is stored with the generation store's script, which ends the
+lease; the manifest writer then appends it. A worker killed at any point leaves at most a
+temporary file, and the row runs again once its lease expires.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from capture.batcher import Batcher
+from capture.files import Written, write_atomic
+from capture.layers import LayerPlan, plan
+from capture.layouts import encode, relative_path, written_by
+from capture.rows import Rows
+from capture.spec import CaptureSpec, ManifestLine
+from capture.store import CaptureStore
+from common import errors
+from common.models import Failure
+from common.stats import StatsRecorder
+from worker.pipeline.leases import LeaseKeeper
+
+log = logging.getLogger("eaglegen.capture")
+
+
+class RunView:
+    """What a process keeps of a capture run: its spec, rows, layers and statistics."""
+
+    def __init__(self, store: CaptureStore, layers: int) -> None:
+        spec = store.spec()
+        if spec is None:
+            raise errors.PermanentError(f"run {store.run!r} is not a capture run")
+        self.spec: CaptureSpec = spec
+        self.store = store
+        self.rows = Rows(Path(spec.tokenized_dir))
+        self.plan: LayerPlan = plan(spec.layout, layers, spec.aux_layers)
+        self.out_dir = Path(spec.out_dir)
+        self.stats = StatsRecorder(store.r, store.keys, [])
+
+
+class RowProcessor:
+    """Takes a row's lease, captures its states, writes its file, stores its manifest line."""
+
+    def __init__(
+        self, views: Callable[[str], RunView], batcher: Batcher, leases: LeaseKeeper,
+        lease_ttl: float,
+    ) -> None:  # fmt: skip
+        self.views = views
+        self.batcher = batcher
+        self.leases = leases
+        self.lease_ttl = lease_ttl
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+    def process(self, run: str, row_id: str, retries: int = 0) -> str:
+        """Capture one row; returns what happened (the task's result)."""
+        if not self.leases.claim(run, row_id):
+            return "skipped:here"
+        try:
+            return self._under_lease(self.views(run), row_id, retries)
+        finally:
+            self.leases.drop(run, row_id)
+
+    def _under_lease(self, view: RunView, row_id: str, retries: int) -> str:
+        token = f"{self.owner}:{uuid.uuid4().hex[:8]}"
+        taken = view.store.take(row_id, token, self.lease_ttl, retries)
+        if taken.outcome != "ok":
+            return f"skipped:{taken.outcome}"
+        cancelled = self.leases.hold(view.store.run, row_id, token)
+        try:
+            return self._capture(view, row_id, token, cancelled)
+        except BaseException:
+            view.store.runs.release(row_id, token)
+            raise
+
+    def _capture(self, view: RunView, row_id: str, token: str, cancelled: threading.Event) -> str:
+        row = view.rows[int(row_id)]
+        states = self.batcher.run(row.input_ids, view.plan.aux)
+        if not states.finite():
+            raise errors.NonFinite(f"row {row_id}: the hidden states hold NaN or inf")
+        if cancelled.is_set():
+            raise errors.LeaseLost(f"lease on row {row_id} taken by another worker")
+        spec, run = view.spec, view.store.run
+        rel = relative_path(spec.layout, row.index)
+        data = encode(spec.layout, row, states, run)
+        written = _write(view.out_dir / rel, data, spec, run)
+        line = ManifestLine(
+            id=row_id, run=run, row=row.index, sample=row.sample, file=rel,
+            tokens=len(row.input_ids), bytes=written.bytes, sha256=written.sha256,
+        )  # fmt: skip
+        outcome = view.store.runs.store_result(row_id, line.to_json(), line.tokens, token)
+        if outcome == "stored":
+            view.store.add_bytes(written.bytes)
+        view.stats.finished(line.tokens, kept=outcome == "stored")
+        return "done" if outcome == "stored" else outcome
+
+    def fail(self, run: str, row_id: str, exc: errors.GenerationError) -> None:
+        """Record a row as failed with its reason (refused while another worker holds it)."""
+        store = self.views(run).store.runs
+        failure = Failure(
+            kind=exc.kind, message=str(exc)[:1000], attempts=store.attempts(row_id), at=time.time()
+        )
+        if store.store_failure(row_id, failure) != "lease_lost":
+            log.warning("failed %s/%s: %s", run, row_id, failure.message)
+
+    def count_retry(self, run: str) -> None:
+        """A transient failure will be retried after its backoff."""
+        self.views(run).store.runs.incr("retries")
+
+
+def _write(path: Path, data: bytes, spec: CaptureSpec, run: str) -> Written:
+    # A file already at the path is replaced only if this run wrote it (an earlier attempt).
+    return write_atomic(path, data, lambda p: written_by(p, spec.layout) == run)

@@ -1,0 +1,116 @@
+"""``eaglegen capture enqueue|worker``: hidden-state capture as a second distributed stage."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cli.shared import console, fail, load_settings, open_store, out, wait_for_redis
+from common.errors import ConfigError
+from common.settings import Settings
+
+capture_app = typer.Typer(
+    help="Capture the target's hidden states for offline EAGLE-3 training (capture/).",
+    no_args_is_help=True,
+)
+
+
+@capture_app.command("enqueue")
+def enqueue(
+    tokenized_dir: Annotated[Path, typer.Argument(help="`eaglegen tokenize` output.")],
+    run: Annotated[str, typer.Option("--run", help="Capture run name.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for the files and manifest.")],
+    layout: Annotated[str, typer.Option(help="specforge|speculators")],
+    aux_layers: Annotated[
+        str | None, typer.Option(help="i,j,k in the layout's convention (default: its own).")
+    ] = None,
+    model: Annotated[
+        Path | None, typer.Option(help="Target model folder (default: the tokenizer's).")
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Enqueue even if the disk looks too small.")] = False,
+) -> None:
+    """Queue one capture task per row of a tokenized dataset (each row once per run)."""
+    from capture.app import create_capture_app
+    from capture.enqueue import ModelShape, enqueue_rows, model_of
+    from capture.layers import parse_aux
+    from capture.spec import LAYOUTS
+    from capture.store import CaptureStore
+
+    if layout not in LAYOUTS:
+        fail(f"--layout must be specforge or speculators, not {layout!r}", 2)
+    settings = load_settings(run=run)
+    try:
+        aux = parse_aux(aux_layers)
+        shape = ModelShape.read(model_of(tokenized_dir, model))
+        store = CaptureStore(open_store(settings).r, settings.key_prefix, settings.run)
+        app = create_capture_app(settings)
+        done = enqueue_rows(
+            store, app.publish, tokenized_dir, out_dir, layout, aux, shape,
+            app.settings.queue, force,
+        )  # fmt: skip
+    except (ConfigError, ValueError) as exc:
+        fail(str(exc))
+    console.print(
+        f"enqueued {done.new}, already present {done.present} (rows {done.rows}); "
+        f"estimate {done.estimate_bytes / 1e9:.3f} GB, free {done.free_bytes / 1e9:.1f} GB"
+    )
+
+
+@capture_app.command("worker")
+def worker(
+    model: Annotated[Path, typer.Option(help="Target model folder (transformers).")],
+    device: Annotated[str, typer.Option(help="cpu or cuda:N.")] = "cpu",
+    concurrency: Annotated[
+        int | None, typer.Option(min=1, help="Rows in flight (the largest batch).")
+    ] = None,
+    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+) -> None:
+    """Start a capture worker: the model loaded once, rows batched by token budget."""
+    from capture.app import create_capture_app
+    from common.logs import setup_logging
+
+    if device != "cpu" and not device.startswith("cuda"):
+        fail(f"--device must be cpu or cuda:N, not {device!r}", 2)
+    settings = load_settings(concurrency=concurrency or 8)
+    setup_logging(settings, loglevel.upper())
+    wait_for_redis(settings)
+    app = create_capture_app(settings, str(model), device)
+    app.parts()  # the model is loaded before the first message is taken
+    app.worker_main(
+        [
+            "worker", f"--concurrency={settings.concurrency}", "--pool=threads",
+            f"--loglevel={loglevel}", f"--queues={app.settings.queue}",
+            f"--hostname=eaglegen-capture-{os.getpid()}@%h", "--without-mingle",
+            "--without-gossip",
+        ]
+    )  # fmt: skip
+
+
+def is_capture_run(settings: Settings) -> bool:
+    """Whether ``status --run`` names a capture run."""
+    from capture.store import CaptureStore
+
+    store = CaptureStore(open_store(settings).r, settings.key_prefix, settings.run)
+    return store.spec() is not None
+
+
+def show_status(settings: Settings, as_json: bool) -> None:
+    """``eaglegen status --run RUN`` of a capture run."""
+    from capture import status
+    from capture.store import CaptureStore
+
+    store = CaptureStore(open_store(settings).r, settings.key_prefix, settings.run)
+    data: dict[str, Any] = status.gather(store)
+    if as_json:
+        out.print_json(json.dumps(data))
+    else:
+        out.print(status.render(data), highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``eaglegen capture …``."""
+    app.add_typer(capture_app, name="capture")

@@ -1,0 +1,52 @@
+"""How tool-calling conversations ended, counted per run for ``status``.
+
+Counted once per sample, when its record is first stored (a sample generated twice after a
+redelivery counts once), in the run's counters hash: conversations, those kept whole, those
+stopped at each turn by a call of another function than the source's, and calls whose
+arguments differ from the source's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from common.keys import RunKeys
+from common.models import Record
+
+_PREFIX = "tools:"
+_STOPPED = f"{_PREFIX}stopped_at_turn:"
+
+
+def count(r: redis.Redis, keys: RunKeys, record: Record) -> None:
+    """Count one stored record of a sample with tools."""
+    generation = record.generation
+    pipe = r.pipeline(transaction=False)
+    pipe.hincrby(keys.counters, f"{_PREFIX}conversations", 1)
+    if generation.stop_turn is None:
+        pipe.hincrby(keys.counters, f"{_PREFIX}whole", 1)
+    else:
+        pipe.hincrby(keys.counters, f"{_STOPPED}{generation.stop_turn}", 1)
+    differ = generation.tool_arguments_differ or 0
+    if differ:
+        pipe.hincrby(keys.counters, f"{_PREFIX}arguments_differ", differ)
+    pipe.execute()
+
+
+def read(r: redis.Redis, keys: RunKeys) -> dict[str, Any] | None:
+    """The run's tool-call figures; None when it has no tool-calling conversation."""
+    fields = {str(k): int(v) for k, v in r.hgetall(keys.counters).items()}
+    total = fields.get(f"{_PREFIX}conversations", 0)
+    if not total:
+        return None
+    stopped = {
+        int(name[len(_STOPPED) :]): n for name, n in fields.items() if name.startswith(_STOPPED)
+    }
+    return {
+        "conversations": total,
+        "kept_whole": fields.get(f"{_PREFIX}whole", 0),
+        "stopped": sum(stopped.values()),
+        "stopped_at_turn": {str(turn): stopped[turn] for turn in sorted(stopped)},
+        "arguments_differ": fields.get(f"{_PREFIX}arguments_differ", 0),
+    }

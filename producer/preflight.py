@@ -1,0 +1,91 @@
+"""What the servers allow, asked before a run is created: each model's ``max_model_len``.
+
+vLLM's ``GET /v1/models`` lists ``max_model_len`` (prompt + completion tokens) per model. A
+run whose ``max_tokens`` leaves no room for a prompt is refused at ``enqueue``; a row whose
+first prompt cannot fit beside ``max_tokens`` is skipped and counted, rather than sent to fail
+with a 400 on every attempt. Servers that do not answer (not started yet) leave the run
+unchecked, with a warning: the workers' own errors still apply then.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from common.errors import InvalidParams
+from common.models import GenParams
+from common.redact import redact_url
+
+TIMEOUT_S = 5.0
+# Tokens a chat template adds around each message (role header, end-of-turn), at least.
+PER_MESSAGE_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The smallest ``max_model_len`` among the endpoints that gave one, and who did not."""
+
+    max_model_len: int | None
+    unchecked: list[str]  # "URL: why", for endpoints that did not answer or list no limit
+
+
+def prompt_estimate(system: str | None, user_turns: Sequence[str]) -> int:
+    """A lower bound of a first turn's prompt tokens: a token per whitespace word, plus the
+    template's per-message tokens (no tokenizer splits fewer tokens from a text)."""
+    texts = [t for t in (system, user_turns[0] if user_turns else "") if t]
+    return sum(len(t.split()) + PER_MESSAGE_TOKENS for t in texts) or PER_MESSAGE_TOKENS
+
+
+def server_limits(
+    endpoints: Sequence[str], model: str | None, api_key: str, timeout: float = TIMEOUT_S
+) -> ServerLimits:
+    """Ask every endpoint's ``/v1/models`` for the served model's ``max_model_len``."""
+    lengths: list[int] = []
+    unchecked: list[str] = []
+    for url in endpoints:
+        try:
+            found = _max_model_len(url, model, api_key, timeout)
+        except (OSError, ValueError) as exc:
+            unchecked.append(f"{redact_url(url)}: {_reason(exc)}")
+            continue
+        if found is None:
+            unchecked.append(f"{redact_url(url)}: /v1/models gives no max_model_len")
+        else:
+            lengths.append(found)
+    return ServerLimits(min(lengths) if lengths else None, unchecked)
+
+
+def check_max_tokens(params: GenParams, limits: ServerLimits) -> None:
+    """Refuse ``max_tokens`` that leaves no room for any prompt (one line)."""
+    limit = limits.max_model_len
+    if limit is not None and params.max_tokens + PER_MESSAGE_TOKENS > limit:
+        raise InvalidParams(
+            f"--max-tokens {params.max_tokens} does not fit the servers' max_model_len {limit} "
+            "(prompt + completion tokens, from GET /v1/models): use at most "
+            f"{limit - PER_MESSAGE_TOKENS - 1}, leaving room for the prompts"
+        )
+
+
+def _max_model_len(url: str, model: str | None, api_key: str, timeout: float) -> int | None:
+    request = urllib.request.Request(
+        f"{url}/models", headers={"Authorization": f"Bearer {api_key}"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        body = json.loads(response.read(1 << 20))
+    cards = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(cards, list):
+        raise ValueError("/v1/models is not a model list")
+    cards = [c for c in cards if isinstance(c, dict)]
+    chosen = next((c for c in cards if c.get("id") == model), None) if model else None
+    card = chosen or (cards[0] if cards and model is None else None)
+    value = card.get("max_model_len") if card else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
+        return str(exc.reason)
+    return str(exc)[:200]
