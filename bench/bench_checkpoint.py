@@ -8,11 +8,11 @@ due, a snapshot (the ids so far and the text so far, as the client builds it) wr
 fenced script (``RunStore.save_checkpoint``) to a real Redis under a real lease. Each setting
 of ``EAGLEGEN_CHECKPOINT_TOKENS`` (and checkpoints off) is measured on the same stream:
 
-- saves per turn, and bytes sent to Redis per 1,000 tokens (each save rewrites the whole
-  partial turn: the volume grows with the square of the turn's length over the interval; an
+- saves per turn, and bytes sent to Redis per 1,000 tokens (the first save writes the
+  checkpoint whole, each later one appends what is new: common/checkpoint_log.py; an
   AOF-persisted Redis appends every one of them to its file);
 - Redis bytes the sample holds at the end of the turn (``MEMORY USAGE`` of the run's prompts
-  hash, minus the same hash without the checkpoint field);
+  hash, minus the same hash without the checkpoint field, plus the checkpoint log);
 - worker CPU (process time) per 1,000 tokens above the same loop with checkpoints off, and
   the wall time of one save (a loopback round trip plus the script).
 
@@ -40,7 +40,7 @@ from worker.chat.checkpoints import TurnCheckpoints
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stack import save_results
 
-SETTINGS = (64, 256, 1024, None)  # None: EAGLEGEN_RESUME=off, no checkpoints
+SETTINGS = (16, 32, 64, 256, 1024, None)  # None: EAGLEGEN_RESUME=off, no checkpoints
 VOCAB = 151_000  # ids of a Qwen-sized vocabulary: mostly 5-6 digits in JSON
 PROMPT_TOKENS = 300
 
@@ -68,7 +68,7 @@ def play(store: RunStore, n: int, every: int | None) -> dict[str, float]:
         progress = TurnCheckpoints(store, sample.id, token, settings)
     got_ids: list[int] = []
     got_text: list[str] = []
-    sent = 0
+    sent = _count_sent(store)
     save_wall = 0.0
     cpu = time.process_time()
     for i in range(n):
@@ -82,18 +82,32 @@ def play(store: RunStore, n: int, every: int | None) -> dict[str, float]:
             started = time.perf_counter()
             progress.save(snap)
             save_wall += time.perf_counter() - started
-            sent += len(snap.model_dump_json())
     cpu = time.process_time() - cpu
     field = store.keys.checkpoint_field(sample.id)
     with_ckpt = store.r.memory_usage(store.keys.prompts, samples=0) or 0
+    with_ckpt += store.r.memory_usage(store.keys.checkpoint_log(sample.id), samples=0) or 0
     store.r.hdel(store.keys.prompts, field)
     without = store.r.memory_usage(store.keys.prompts, samples=0) or 0
+    del store.save_checkpoint  # the class's own again
     saves = progress.saves if progress is not None else 0
     store.store_result(sample.id, "{}", n, token)
     return {
-        "saves": saves, "sent_bytes": sent, "held_bytes": with_ckpt - without, "cpu_s": cpu,
+        "saves": saves, "sent_bytes": sent[0], "held_bytes": with_ckpt - without, "cpu_s": cpu,
         "save_wall_ms": 1000 * save_wall / saves if saves else 0.0,
     }  # fmt: skip
+
+
+def _count_sent(store: RunStore) -> list[int]:
+    """Counts the bytes of header and piece of every checkpoint write from now on."""
+    sent = [0]
+    write = store.save_checkpoint
+
+    def counted(sample_id: str, token: str, header: str, piece: str, log_bytes: int = 0) -> int:
+        sent[0] += len(header.encode()) + len(piece.encode())
+        return write(sample_id, token, header, piece, log_bytes)
+
+    store.save_checkpoint = counted  # type: ignore[method-assign]
+    return sent
 
 
 def measure(store: RunStore, n: int, repeats: int) -> dict[str, dict[str, float]]:

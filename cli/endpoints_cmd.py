@@ -11,6 +11,7 @@ from rich.table import Table
 from cli.shared import console, fail, load_settings, open_store, out
 from common.settings import Settings
 from worker.endpoints.capacity import EndpointView, SlotTable
+from worker.pipeline.aborts import AbortSupport
 
 endpoints_app = typer.Typer(
     help="Endpoints' requests in flight and caps across all workers; drain or undrain one.",
@@ -46,15 +47,20 @@ def list_endpoints(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Requests in flight (all workers), the cap and where it comes from, drained or not."""
-    views = _views(_table(load_settings()))
+    settings = load_settings()
+    table = _table(settings)
+    views = _views(table)
+    aborts = AbortSupport.shown(table.r, settings.key_prefix)
     if as_json:
-        out.print_json(json.dumps([view.__dict__ for view in views]))
+        rows = [{**view.__dict__, "abort": aborts.get(view.endpoint)} for view in views]
+        out.print_json(json.dumps(rows))
         return
-    grid = Table("endpoint", "in flight", "cap", "cap from", "state")
+    grid = Table("endpoint", "in flight", "cap", "cap from", "state", "abort")
     for v in views:
         source = "adaptive" if v.adaptive else "settings"
         state = "drained" if v.drained else "active"
-        grid.add_row(v.endpoint, str(v.inflight), str(v.cap or "-"), source, state)
+        abort = aborts.get(v.endpoint, "- (not tried yet)")
+        grid.add_row(v.endpoint, str(v.inflight), str(v.cap or "-"), source, state, abort)
     out.print(grid)
 
 

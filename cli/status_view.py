@@ -50,6 +50,8 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
         # Checkpoints dropped because the server was not proven to continue them (their
         # tokens are in wasted_tokens: the turns started again rather than be corrupted).
         "discarded_checkpoints": snap.discarded_checkpoints,
+        # Orphaned requests aborted on their server, and what they had left of max_tokens.
+        **_aborts(store),
     }
     data["endpoints"] = _endpoints(store, settings, snap.endpoints, data.pop("served_endpoints"))
     tools = tool_counts.read(store.r, store.keys)
@@ -60,6 +62,11 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
     data["model"] = store.pinned_model()
     data["refused_endpoints"] = store.refused_endpoints()
     return data
+
+
+def _aborts(store: RunStore) -> dict[str, int]:
+    aborted, saved = store.r.hmget(store.keys.counters, ["aborted", "abort_saved_tokens"])
+    return {"aborted_requests": int(aborted or 0), "abort_saved_tokens": int(saved or 0)}
 
 
 def _clocks_off(store: RunStore, settings: Settings) -> dict[str, float]:
@@ -86,6 +93,7 @@ def _endpoints(
     store: RunStore, settings: Settings, stats: dict[str, dict[str, float]], served: list[str]
 ) -> dict[str, dict[str, Any]]:
     from worker.endpoints.capacity import SlotTable
+    from worker.pipeline.aborts import AbortSupport
 
     # This run's endpoints: those its live workers serve, those it has figures of, and those
     # this command was pointed at (EAGLEGEN_ENDPOINTS); not every endpoint this Redis has seen.
@@ -98,6 +106,9 @@ def _endpoints(
     for view in table.snapshot():
         out[view.endpoint] = {"in_flight": view.inflight, "cap": view.cap,
                               "drained": view.drained}  # fmt: skip
+    for url, abort in AbortSupport.shown(store.r, settings.key_prefix).items():
+        if url in out or url in settings.endpoints:
+            out.setdefault(url, {})["abort"] = abort
     for url, state in table.health().items():
         if url not in shown:
             continue
@@ -186,6 +197,9 @@ def _main_table(d: dict[str, Any]) -> Group:
         dist.add_row("turns / tokens resumed", str(g["resumed_turns"]), str(g["resumed_tokens"]))
     if g["discarded_checkpoints"]:
         dist.add_row("checkpoints not continuable", str(g["discarded_checkpoints"]), "")
+    if g["aborted_requests"]:
+        dist.add_row("requests aborted / tokens saved ≤", str(g["aborted_requests"]),
+                     str(g["abort_saved_tokens"]))  # fmt: skip
     outer = Table.grid(padding=(0, 4))
     outer.add_row(rates, dist)
     return Group(t, outer)
@@ -227,13 +241,13 @@ _HANDOFF_MEANING = {
 
 def _endpoint_table(d: dict[str, Any], clip: bool = True) -> Table:
     t = Table("endpoint", "state", "in flight", "cap", "requests", "tokens", "error rate",
-              "mean s", "cache hits", box=None, header_style="bold")  # fmt: skip
+              "mean s", "cache hits", "abort", box=None, header_style="bold")  # fmt: skip
     for url, e in sorted(d["endpoints"].items()):
         cap = str(e.get("cap", "-")) + (" (drained)" if e.get("drained") else "")
         t.add_row(url, _state(e, clip), str(e.get("in_flight", "-")), cap,
                   str(e.get("requests", 0)),
                   str(e.get("tokens", 0)), _num(e.get("error_rate")),
-                  _num(e.get("mean_latency_s")), _hit_rate(e))  # fmt: skip
+                  _num(e.get("mean_latency_s")), _hit_rate(e), e.get("abort", "-"))  # fmt: skip
     if not clip:  # rich would still fold a long cell to the width: let nothing shrink
         for column in t.columns:
             column.no_wrap = True

@@ -83,6 +83,11 @@ class EndpointKeys:
         return self._key("drained")
 
     @property
+    def abort_support(self) -> str:
+        """Hash endpoint -> JSON: whether it aborts requests by id, learned once, and why."""
+        return self._key("abort_support")
+
+    @property
     def rpm(self) -> str:
         """GCRA state of the cluster-wide requests/min limit."""
         return self._key("rpm")
@@ -153,6 +158,16 @@ class RunKeys:
         retry continues it instead of generating it again; written only by the lease holder."""
         return sample_id + CHECKPOINT_SUFFIX
 
+    def checkpoint_log(self, sample_id: str) -> str:
+        """String: what the turn in ``checkpoint_field(id)`` generated, appended save by save
+        (common/checkpoint_log.py); goes with that field."""
+        return self._key(f"ckpt:{sample_id}")
+
+    @property
+    def checkpoint_logs(self) -> str:
+        """The pattern (SCAN MATCH) of every checkpoint log of the run."""
+        return _glob_escape(self._key("ckpt:")) + "*"
+
     @property
     def results(self) -> str:
         """Hash id -> finished record JSON, until the collector has it on disk."""
@@ -201,6 +216,12 @@ class RunKeys:
         return self._key("refused_endpoints")
 
     @property
+    def requests(self) -> str:
+        """Hash id -> JSON of the request its lease holder has running (endpoint, the server's
+        own request id), so that whoever takes the lease over can abort it."""
+        return self._key("requests")
+
+    @property
     def counters(self) -> str:
         """Hash of run counters (written, retries, tokens, errors by class)."""
         return self._key("counters")
@@ -234,8 +255,13 @@ class RunKeys:
         """Every key of the run (for deletion)."""
         names = [
             "meta", "accepted", "pending", "prompts", "results",
-            "ready", "collecting", "failed", "leases", "lease_owner", "counters",
+            "ready", "collecting", "failed", "leases", "lease_owner", "requests", "counters",
             "collector_lock", "stats", "endpoint_stats", "reaped", "producers",
             "refused_endpoints",
         ]  # fmt: skip
         return [self._key(name) for name in names]
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by a Redis glob (SCAN MATCH)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

@@ -42,6 +42,15 @@ class WorkerMetrics:
             "Tokens of turns continued from a checkpoint instead of generated again",
             ["endpoint"], registry=registry,
         )  # fmt: skip
+        self.aborted = Counter(
+            "eaglegen_aborted_requests", "Orphaned requests aborted on their server",
+            ["endpoint"], registry=registry,
+        )  # fmt: skip
+        self.abort_saved = Counter(
+            "eaglegen_abort_saved_tokens",
+            "Tokens aborted requests had left of max_tokens (at most what the aborts saved)",
+            ["endpoint"], registry=registry,
+        )  # fmt: skip
         self.latency = Histogram(
             "eaglegen_request_latency_seconds", "Seconds per assistant turn", ["endpoint"],
             buckets=LATENCY_BUCKETS, registry=registry,
@@ -58,6 +67,11 @@ class WorkerMetrics:
         if resumed:
             self.resumed.labels(endpoint).inc(resumed)
         self.latency.labels(endpoint).observe(latency_s)
+
+    def abort(self, endpoint: str, saved_tokens: int) -> None:
+        """An orphaned request aborted on its server."""
+        self.aborted.labels(endpoint).inc()
+        self.abort_saved.labels(endpoint).inc(saved_tokens)
 
     def error(self, endpoint: str, kind: str, wasted_tokens: int) -> None:
         """A failed attempt."""
@@ -95,6 +109,8 @@ class RunCollector(Collector):
         snap = read_snapshot(self.r, store.keys)
         tokens.add_metric([store.run, "kept"], counts.completion_tokens)
         tokens.add_metric([store.run, "wasted"], snap.wasted_tokens)
+        saved = store.r.hget(store.keys.counters, "abort_saved_tokens")
+        tokens.add_metric([store.run, "abort_saved"], int(saved or 0))
         retries.add_metric([store.run], counts.retries)
 
 

@@ -63,11 +63,11 @@ class Settings(BaseSettings):
     # where an endpoint gives them (learned per endpoint); on: a server without them fails the
     # sample (permanently); off: never ask.
     token_ids: Literal["auto", "on", "off"] = "auto"
-    # While a turn streams, its partial output is saved under the lease every this many tokens
-    # or seconds (whichever first), and when the stream breaks; a sample that runs again
-    # continues from it (docs/resume.md). 0 tokens: no periodic saves.
-    checkpoint_tokens: int = Field(default=256, ge=0)
-    checkpoint_seconds: float = Field(default=10.0, gt=0)
+    # While a turn streams, what it generated since the last save is appended under the lease
+    # every this many tokens or seconds (whichever first), and when the stream breaks; a sample
+    # that runs again continues from it (docs/resume.md). 0 tokens: no periodic saves.
+    checkpoint_tokens: int = Field(default=32, ge=0)
+    checkpoint_seconds: float = Field(default=2.0, gt=0)
     # Continue a broken turn from its checkpoint (auto), or generate it again from the start.
     resume: Literal["auto", "off"] = "auto"
     max_retries: int = Field(default=8, ge=0)

@@ -253,11 +253,13 @@ class StatsRecorder:
             raise
 
     def handoff(self, kind: str, wasted_tokens: int) -> None:
-        """A sample handed back or taken over: no error, and none of its endpoint's."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hincrby(self.keys.stats, f"handoff:{kind}", 1)
-        pipe.hincrby(self.keys.stats, "wasted_tokens", wasted_tokens)
-        pipe.execute()
+        """A sample handed back or taken over: no error, and none of its endpoint's (refused
+        on a retired run: a worker letting a sample go after ``runs retire --force`` must not
+        bring the run's statistics back)."""
+        ops = StatsOps(self.keys)
+        ops.add("i", self.keys.stats, f"handoff:{kind}", 1)
+        ops.add("i", self.keys.stats, "wasted_tokens", wasted_tokens)
+        ops.send(self.r)
 
     def error(self, kind: str, message: str, endpoint: str | None, wasted_tokens: int) -> None:
         """An attempt failed; tokens it had streamed are thrown away."""

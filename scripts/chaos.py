@@ -438,12 +438,11 @@ def gpu_waste(
 
     The simulator logs every generation's end, finished or cut (a kill, a stall, a dropped
     connection), with the tokens it streamed; the output's tokens are the records' own. Apart:
-    generations of a prompt that ran to their end more than once. A frozen (SIGSTOPped) worker
-    cannot cancel its requests, so the server finishes them into its socket while the sample's
-    next holder continues from the checkpoint; and a result in Redis's last unsynced second
-    dies with it. Also apart: checkpoints set aside because the server that took the turn
-    over was not proven to continue them. What is left is what breaks cost: kills, stalls,
-    dropped streams.
+    generations of a prompt that ran to their end more than once: a frozen (SIGSTOPped) worker's
+    requests when the reconciler's abort comes too late (the simulator's answers are short),
+    and a result in Redis's last unsynced second that dies with it. Also apart: checkpoints
+    set aside because the server that took the turn over was not proven to continue them.
+    What is left is what breaks cost: kills, stalls, dropped streams.
     """
     generated = sum(int(e.get("completion_tokens") or 0) for e in events)
     turns = [t for r in records.values() for t in r["generation"]["turns"]]

@@ -21,6 +21,7 @@ class Stats:
     requests: int = 0
     completed: int = 0
     aborted: int = 0
+    aborted_by_request: int = 0  # of them, stopped by POST /inference/v1/abort_requests
     rejected: int = 0
     tokens_generated: int = 0
     prefill_tokens_computed: int = 0  # prompt tokens not found in the prefix cache

@@ -119,6 +119,14 @@ def simulate(
             "real server samples); at 0 the prompt's answer stays the same.",
         ),
     ] = _DEFAULTS.vary_answers,
+    abort_requests: Annotated[
+        bool,
+        Opt(
+            "--abort-requests/--no-abort-requests",
+            help="Serve POST /inference/v1/abort_requests (stops the named generations); "
+            "--no-abort-requests answers 403, as vLLM does without --enable-scale-out.",
+        ),
+    ] = _DEFAULTS.abort_requests,
     tool_mismatch_share: Annotated[
         float, Opt(help="Share of tool-call answers that call another function than named.")
     ] = _DEFAULTS.tool_mismatch_share,
@@ -156,6 +164,7 @@ def simulate(
             ignore_continuations=ignore_continuations,
             seed=seed,
             vary_answers=vary_answers,
+            abort_requests=abort_requests,
             tool_mismatch_share=tool_mismatch_share,
             log_path=log_path,
         )

@@ -43,6 +43,9 @@ class SimConfig(BaseModel):
     cut_at: int = Field(default=0, ge=0)  # tokens sent before a mid-stream fault; 0 = random
     seed: int = 0
     vary_answers: bool = False  # chat requests at temperature > 0 each draw their own answer
+    # POST /inference/v1/abort_requests stops the named generations; False: 403, as vLLM
+    # answers without --enable-scale-out.
+    abort_requests: bool = True
     # Of the answers that call tools, the share calling another function than the messages
     # name (simulator/tool_calls.py): a source conversation's calls then do not match.
     tool_mismatch_share: float = Field(default=0.0, ge=0.0, le=1.0)

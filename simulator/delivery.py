@@ -22,17 +22,28 @@ SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-contro
 class JobResponse(Response):
     """Runs one job's body and cancels it as soon as the client disconnects."""
 
-    def __init__(self, body: Callable[[Send], Awaitable[None]]) -> None:
+    def __init__(
+        self, body: Callable[[Send], Awaitable[None]],
+        running: dict[str, asyncio.Future[None]] | None = None, request_id: str = "",
+    ) -> None:  # fmt: skip
         super().__init__()
         self._body = body
+        self._running = running if running is not None else {}
+        self._request_id = request_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Race the body against a client disconnect; re-raise a simulated disconnect."""
+        """Race the body against a client disconnect; re-raise a simulated disconnect.
+
+        While it runs, the body is in ``running`` under its request id: an abort cancels it
+        (the connection then closes mid-answer, as vLLM's does)."""
         work = asyncio.ensure_future(self._body(send))
         gone = asyncio.ensure_future(_client_gone(receive))
+        self._running[self._request_id] = work
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            if self._running.get(self._request_id) is work:
+                del self._running[self._request_id]
             work.cancel()
             gone.cancel()
             await asyncio.gather(work, gone, return_exceptions=True)

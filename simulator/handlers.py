@@ -15,7 +15,14 @@ from starlette.responses import JSONResponse, Response
 from simulator.bodies import error_body
 from simulator.delivery import JobResponse, respond_job, stream_job
 from simulator.faults import MID_STREAM_FAULTS, Fault, request_rng
-from simulator.jobs import ChatRequest, CompletionRequest, ConfigUpdate, Endpoint, Job
+from simulator.jobs import (
+    AbortRequest,
+    ChatRequest,
+    CompletionRequest,
+    ConfigUpdate,
+    Endpoint,
+    Job,
+)
 from simulator.plans import Plan, Rejection, chat_plan, completion_plan
 from simulator.sampling import sampled
 from simulator.state import SimState
@@ -86,7 +93,8 @@ async def chat_completions(request: Request) -> Response:
         return parsed
     with sampled(state.cfg.vary_answers, parsed.temperature, state.stats.requests):
         plan = chat_plan(parsed, state.cfg)
-    return _admit(state, plan, "chat", parsed.stream, parsed.include_usage)
+    given = request.headers.get("x-request-id")
+    return _admit(state, plan, "chat", parsed.stream, parsed.include_usage, given)
 
 
 async def completions(request: Request) -> Response:
@@ -96,7 +104,22 @@ async def completions(request: Request) -> Response:
     if isinstance(parsed, Response):
         return parsed
     plan = completion_plan(parsed, state.cfg)
-    return _admit(state, plan, "completion", parsed.stream, parsed.include_usage)
+    given = request.headers.get("x-request-id")
+    return _admit(state, plan, "completion", parsed.stream, parsed.include_usage, given)
+
+
+async def abort_requests(request: Request) -> Response:
+    """POST /inference/v1/abort_requests: stop the named generations (vLLM's, served there
+    only with --enable-scale-out: 403 here under --no-abort-requests)."""
+    state = _state(request)
+    if not state.cfg.abort_requests:
+        return _error(403, "Scale-out endpoints are disabled (--enable-scale-out).",
+                      "ForbiddenError")  # fmt: skip
+    try:
+        ids = AbortRequest.model_validate_json(await request.body()).request_ids
+    except ValidationError as exc:
+        return _error(400, _validation_message(exc), "BadRequestError")
+    return JSONResponse({"aborted": state.abort(ids)})
 
 
 async def _read(request: Request, state: SimState, model: type[R]) -> R | Response:
@@ -119,8 +142,9 @@ def _validation_message(exc: ValidationError) -> str:
 
 
 def _admit(
-    state: SimState, plan: Plan | Rejection, endpoint: Endpoint, stream: bool, usage: bool
-) -> Response:
+    state: SimState, plan: Plan | Rejection, endpoint: Endpoint, stream: bool, usage: bool,
+    given_id: str | None = None,
+) -> Response:  # fmt: skip
     if isinstance(plan, Rejection):
         # Rejected before generation, so it counts neither as an attempt nor a generation.
         state.stats.rejected += 1
@@ -135,9 +159,9 @@ def _admit(
     early = _early_fault(fault, key)
     if early is not None:
         return early
-    job = _build_job(state, plan, endpoint, usage, fault, rng)
+    job = _build_job(state, plan, endpoint, usage, fault, rng, given_id)
     body = stream_job if stream else respond_job
-    return JobResponse(lambda send: body(state, job, send))
+    return JobResponse(lambda send: body(state, job, send), state.running, job.request_id)
 
 
 def _early_fault(fault: Fault, key: str) -> Response | None:
@@ -158,12 +182,13 @@ def _build_job(
     include_usage: bool,
     fault: Fault,
     rng: random.Random,
+    given_id: str | None = None,
 ) -> Job:
     cfg = state.cfg
     n = len(plan.output.pieces)
     return Job(
         request_id=state.new_request_id(
-            plan.key, "cmpl" if endpoint == "completion" else "chatcmpl"
+            plan.key, "cmpl" if endpoint == "completion" else "chatcmpl", given_id
         ),
         created=int(time.time()),
         model=cfg.model_name,

@@ -116,6 +116,12 @@ class Output:
     completion_tokens: int
 
 
+class AbortRequest(BaseModel):
+    """The body of POST /inference/v1/abort_requests: the server's own request ids."""
+
+    request_ids: list[str]
+
+
 @dataclass(frozen=True)
 class Job:
     """One admitted request: what to send and how it ends."""

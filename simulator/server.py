@@ -19,6 +19,7 @@ from starlette.routing import Route
 from simulator.config import SimConfig
 from simulator.generation import SimulatedDisconnect
 from simulator.handlers import (
+    abort_requests,
     chat_completions,
     completions,
     health,
@@ -45,6 +46,7 @@ def create_app(cfg: SimConfig) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/inference/v1/abort_requests", abort_requests, methods=["POST"]),
         Route("/sim/stats", sim_stats, methods=["GET"]),
         Route("/sim/config", sim_config, methods=["POST"]),
     ]

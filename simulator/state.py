@@ -34,10 +34,23 @@ class SimState:
         # Set when the server shuts down so stalled generations let go instead of blocking it.
         self.stopping = asyncio.Event()
         self._ids = itertools.count(1)
+        # Request id -> the task generating it, for POST /inference/v1/abort_requests.
+        self.running: dict[str, asyncio.Future[None]] = {}
 
-    def new_request_id(self, key: str, prefix: str = "chatcmpl") -> str:
-        """Return a unique request id that also shows the prompt key."""
+    def new_request_id(self, key: str, prefix: str = "chatcmpl", given: str | None = None) -> str:
+        """The request's id: ``<prefix>-<X-Request-Id>`` where the client chose one (as vLLM
+        builds it), else a unique one that also shows the prompt key."""
+        if given:
+            return f"{prefix}-{given}"
         return f"{prefix}-{key}-{next(self._ids)}"
+
+    def abort(self, request_ids: list[str]) -> int:
+        """Stop the named generations (their connections close); how many were running."""
+        found = [self.running.pop(i) for i in request_ids if i in self.running]
+        for task in found:
+            task.cancel()
+        self.stats.aborted_by_request += len(found)
+        return len(found)
 
     def next_attempt(self, key: str) -> int:
         """Count one more attempt of prompt `key` and return its 1-based number."""
@@ -95,6 +108,7 @@ class SimState:
             "requests": s.requests,
             "completed": s.completed,
             "aborted": s.aborted,
+            "aborted_by_request": s.aborted_by_request,
             "rejected": s.rejected,
             "faults": dict(s.faults),
             "running": self.slots.running,

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from common import errors
+from common import checkpoint_log, errors
 from common.models import Checkpoint, Failure, GenParams, Sample, SourceRef, TurnResult, Usage
+from common.request_store import RequestRef
 from common.store import RunCounts, Taken
 
 
@@ -57,6 +58,8 @@ class FakeStore:
     leases: dict[str, str] = field(default_factory=dict)
     partial: dict[str, list[TurnResult]] = field(default_factory=dict)
     checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
+    checkpoint_logs: dict[str, tuple[str, str]] = field(default_factory=dict)  # header, log
+    requests: dict[str, RequestRef] = field(default_factory=dict)  # running, by sample
     results: dict[str, str] = field(default_factory=dict)
     failed: dict[str, Failure] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
@@ -101,12 +104,40 @@ class FakeStore:
             raise errors.LeaseLost(f"answered turns of {sample_id} refused")
         self.partial[sample_id] = list(turns)
         self.checkpoints.pop(sample_id, None)
+        self.checkpoint_logs.pop(sample_id, None)  # SAVE_PARTIAL drops the log and request
+        self.requests.pop(sample_id, None)
 
-    def save_checkpoint(self, sample_id: str, token: str, checkpoint: Checkpoint) -> bool:
+    def save_checkpoint(
+        self, sample_id: str, token: str, header: str, piece: str, log_bytes: int = 0
+    ) -> int:
+        """SAVE_CHECKPOINT's rules; the header is there while ``checkpoints`` names the id."""
         if self.leases.get(sample_id) != token:
+            return 0
+        if header:
+            self.checkpoint_logs[sample_id] = (header, piece)
+        else:
+            head, log = self.checkpoint_logs.get(sample_id, ("", ""))
+            if sample_id not in self.checkpoints or len(log.encode()) != log_bytes:
+                return -1
+            self.checkpoint_logs[sample_id] = (head, log + piece)
+        head, log = self.checkpoint_logs[sample_id]
+        found = checkpoint_log.decode(head, log)
+        assert found is not None
+        self.checkpoints[sample_id] = found
+        return len(log.encode())
+
+    def record_request(self, sample_id: str, ref: RequestRef) -> bool:
+        if self.leases.get(sample_id) != ref.token:
             return False
-        self.checkpoints[sample_id] = checkpoint
+        self.requests[sample_id] = ref
         return True
+
+    def pop_own_request(self, sample_id: str, token: str) -> RequestRef | None:
+        ref = self.requests.get(sample_id)
+        return self.requests.pop(sample_id) if ref is not None and ref.token == token else None
+
+    def pop_requests(self, ids: list[str]) -> dict[str, RequestRef]:
+        return {i: self.requests.pop(i) for i in ids if i in self.requests}
 
     def store_result(
         self, sample_id: str, record_json: str, completion_tokens: int, token: str = ""

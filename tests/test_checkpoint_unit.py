@@ -13,7 +13,7 @@ import time
 import pytest
 import redis
 
-from common import errors
+from common import checkpoint_log, errors
 from common.models import Checkpoint
 from common.settings import Settings
 from common.store import Taken
@@ -31,20 +31,32 @@ def ckpt(tokens: int, turn_index: int = 0, endpoint: str = "http://x/v1", **more
 
 
 class Recording:
-    """A store whose checkpoint writes are recorded, refused, or fail like a Redis outage."""
+    """A store whose checkpoint writes are recorded, refused, or fail like a Redis outage;
+    ``answer`` -1: the log is never as expected (every append refused, whole writes land)."""
 
     run = "r"
 
-    def __init__(self, answer: bool | Exception = True) -> None:
+    def __init__(self, answer: bool | int | Exception = True) -> None:
         self.answer = answer
-        self.saved: list[Checkpoint] = []
+        self.writes: list[tuple[str, str, int]] = []  # (header, piece, log bytes expected)
+        self.head, self.log = "", ""
 
-    def save_checkpoint(self, sample_id: str, token: str, checkpoint: Checkpoint) -> bool:
+    def save_checkpoint(
+        self, sample_id: str, token: str, header: str, piece: str, log_bytes: int = 0
+    ) -> int:
         if isinstance(self.answer, Exception):
             raise self.answer
-        if self.answer:
-            self.saved.append(checkpoint)
-        return self.answer
+        if self.answer is False:
+            return 0
+        self.writes.append((header, piece, log_bytes))
+        if not header and (self.answer == -1 or len(self.log.encode()) != log_bytes):
+            return -1
+        self.head, self.log = (header, piece) if header else (self.head, self.log + piece)
+        return len(self.log.encode())
+
+    @property
+    def saved(self) -> Checkpoint | None:
+        return checkpoint_log.decode(self.head, self.log)
 
 
 def progress(store, tokens=256, seconds=10.0, resumed=None) -> TurnCheckpoints:
@@ -108,6 +120,61 @@ def test_a_checkpoint_taken_on_another_history_is_discarded_not_resumed():
     assert Taken("ok", 1, sample("a"), [first], fresh).resume_point() == fresh
     unmarked = ckpt(10, turn_index=1)  # no proof of its history: not trusted past turn 0
     assert Taken("ok", 1, sample("a"), [first], unmarked).resume_point() is None
+
+
+def _grown(tokens: int, **more) -> Checkpoint:
+    return ckpt(tokens, reasoning="r" * (tokens // 2), **more)
+
+
+def test_after_the_first_whole_save_each_save_appends_only_what_is_new():
+    store = Recording()
+    p = progress(store, tokens=32)
+    for n in (32, 64, 96):
+        assert p.keep(_grown(n))
+    assert [bool(head) for head, _, _ in store.writes] == [True, False, False]
+    assert store.saved == _grown(96).on_history([])  # marked: no answers before
+    # The two appends carry 32 ids and 32 characters each, not the whole turn again.
+    assert json.loads(store.writes[2][1]) == [list(range(64, 96)), "c" * 32, "r" * 16, 32]
+
+
+def test_bytes_sent_grow_with_the_turn_not_with_its_square():
+    def sent(n: int) -> int:
+        store = Recording()
+        p = progress(store, tokens=32)
+        for tokens in range(32, n + 1, 32):
+            p.keep(_grown(tokens))
+        assert store.saved == _grown(n).on_history([])  # marked: no answers before
+        return sum(len(head) + len(piece) for head, piece, _ in store.writes)
+
+    assert sent(8000) < 15 * sent(800)  # 10x the tokens: ~10x the bytes (ids get longer), not 100x
+
+
+def test_a_checkpoint_that_does_not_extend_the_saved_one_is_written_whole():
+    store = Recording()
+    p = progress(store, tokens=32)
+    p.keep(_grown(40))
+    shifted = _grown(80).model_copy(update={"content": "moved" + "c" * 75})  # text re-split
+    p.keep(shifted)
+    assert [bool(head) for head, _, _ in store.writes] == [True, True]
+    assert store.saved == shifted.on_history([])  # marked: no answers before
+
+
+def test_a_log_not_as_this_writer_left_it_is_written_whole_again():
+    store = Recording(answer=-1)  # every append finds another length (the log was dropped)
+    p = progress(store, tokens=32)
+    p.keep(_grown(32))
+    assert p.keep(_grown(64))
+    assert [bool(head) for head, _, _ in store.writes] == [True, False, True]
+    assert store.saved == _grown(64).on_history([])  # marked: no answers before
+
+
+def test_a_checkpoint_without_ids_appends_its_text():
+    store = Recording()
+    p = progress(store, tokens=32)
+    for n in (10, 20):
+        p.keep(ckpt(n).model_copy(update={"token_ids": None, "prompt_token_ids": None}))
+    assert store.saved is not None and store.saved.token_ids is None
+    assert store.saved.content == "c" * 20 and store.saved.tokens == 20
 
 
 # -- the processor -------------------------------------------------------------------------
@@ -225,7 +292,9 @@ def test_resume_off_neither_continues_nor_saves():
     store.checkpoints["a"] = ckpt(100)
     proc, client, _ = _processor(store, turn("whole"), resume="off")
     assert proc.process("r", "a") == "done"
-    assert client.options[0]["resume"] is None and client.options[0]["progress"] is None
+    progress = client.options[0]["progress"]  # its requests are still named, to abort them
+    assert client.options[0]["resume"] is None and progress.checkpoints is None
+    assert not progress.due(10_000)
     assert "a" not in store.checkpoints
 
 

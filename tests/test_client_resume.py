@@ -305,6 +305,7 @@ class Recorder:
         self.asked: list[int] = []
         self.saved: list[Checkpoint] = []
         self.last = 0
+        self.named: list[tuple[str, str]] = []  # (endpoint, server id) per request
 
     def due(self, tokens: int) -> bool:
         self.asked.append(tokens)
@@ -314,6 +315,9 @@ class Recorder:
         assert self.asked and checkpoint.tokens <= self.asked[-1]
         self.saved.append(checkpoint)
         self.last = checkpoint.tokens
+
+    def started(self, endpoint: str, server_id: str) -> None:
+        self.named.append((endpoint, server_id))
 
 
 def inline(saved: Checkpoint) -> str:
@@ -349,6 +353,23 @@ def test_progress_is_asked_per_read_and_its_checkpoints_carry_what_streamed(
         # The text is the text of exactly those ids.
         assert inline(saved) == "".join(tokens[:n])
     assert [s.tokens for s in progress.saved] == sorted({s.tokens for s in progress.saved})
+
+
+def test_each_request_is_named_once_by_the_server_id_built_from_its_own_x_request_id(
+    start_sim: Callable[..., Sim], clients: Callable[..., ChatClient]
+) -> None:
+    sim = start_sim(disconnect_first=1, cut_at=7)
+    progress = Recorder(every=1000)
+    client = clients(sim)
+    with pytest.raises(errors.Disconnected) as cut:
+        client.complete(ask(), GenParams(), progress=progress)
+    assert cut.value.checkpoint is not None
+    client.complete(ask(), GenParams(), resume=cut.value.checkpoint, progress=progress)
+    (first_at, first), (again_at, again) = progress.named
+    assert first_at == again_at == client.endpoint
+    # Chat: chatcmpl-<X-Request-Id>; the exact continuation on /v1/completions: cmpl-<...>.
+    assert first.startswith("chatcmpl-eaglegen-") and again.startswith("cmpl-eaglegen-")
+    assert first.removeprefix("chat") != again  # a new X-Request-Id per request
 
 
 def test_a_resumed_streams_checkpoints_include_what_it_resumed_from(

@@ -20,6 +20,7 @@ from common.store import RunStores, connect
 from worker.endpoints.adaptive import AdaptiveDriver
 from worker.endpoints.capacity import SlotTable
 from worker.endpoints.pool import EndpointPool, chat_client, rate_limiter
+from worker.pipeline.aborts import Aborter
 from worker.pipeline.clock_watch import ClockWatch
 from worker.pipeline.heartbeat import Heartbeat
 from worker.pipeline.leases import LeaseKeeper
@@ -33,15 +34,17 @@ class WorkerParts:
     """One worker process's parts, wired; threads start in ``start()``, not here."""
 
     def __init__(self, settings: Settings, hand_back: Any) -> None:
+        self.settings = settings
         self.redis: redis.Redis = connect(settings.redis_url, settings.redis_sentinel_master)
         self.stores = RunStores(self.redis, settings.key_prefix)
         self.leases = LeaseKeeper(self.stores, settings.lease_ttl)
         self.endpoints = build_endpoints(settings, self.redis)
         self.observer = Observer(self.redis, settings, self.leases.count)
+        self.aborter = Aborter(self.redis, settings, self.observer.metrics.abort)
         self.processor = SampleProcessor(
-            settings, self.stores, self.endpoints, self.leases, self.observer
+            settings, self.stores, self.endpoints, self.leases, self.observer, self.aborter
         )
-        self.reconciler = ReconcilerLoop(self.redis, settings, hand_back)
+        self.reconciler = ReconcilerLoop(self.redis, settings, hand_back, aborter=self.aborter)
         self.clock = ClockWatch(self.redis, settings)
         self.heartbeat = Heartbeat(self.redis, settings, self.leases.count)
         self.settings = settings
@@ -72,10 +75,17 @@ class WorkerParts:
     def start(self) -> None:
         """Everything, once the worker is ready: also reconciliation, metrics and the summary."""
         self.start_generating()
+        # Whether each endpoint aborts requests, learned before an orphan needs it (status
+        # shows it); off the start-up path: a server still starting answers later.
+        threading.Thread(target=self._probe_aborts, name="abort-probe", daemon=True).start()
         self.observer.start()
         self.reconciler.start()
         self.clock.start()
         self.heartbeat.start()
+
+    def _probe_aborts(self) -> None:
+        for endpoint in self.settings.endpoints:
+            self.aborter.probe(endpoint)
 
     def close(self) -> None:
         """Stop every thread, give back endpoint slots, close connections."""

@@ -130,25 +130,31 @@ return 1
 """
 )
 
-# KEYS: pending, lease_owner, prompts, reaped
+# KEYS: pending, lease_owner, prompts, reaped, checkpoint log, requests
 # ARGV: id, token, partial field, turns json, checkpoint field
 # The turns answered so far, for the lease holder of a pending sample only (1, else 0). The
-# checkpoint of the turn just answered is emptied with it: it is done, not to be continued.
+# checkpoint of the turn just answered (header and log) is emptied with it: it is done, not to
+# be continued; so is its running request (nothing left to abort).
 SAVE_PARTIAL = (
     IS_HOLDER
     + """
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 0 end
 if not is_holder(KEYS[2], KEYS[4], ARGV[1], ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[4], ARGV[5], '')
+redis.call('DEL', KEYS[5])
+redis.call('HDEL', KEYS[6], ARGV[1])
 return 1
 """
 )
 
-# KEYS: pending, results, ready, leases, lease_owner, prompts, counters, reaped
+# KEYS: pending, results, ready, leases, lease_owner, prompts, counters, reaped,
+#       checkpoint log, requests
 # ARGV: id, record json, completion tokens, token, attempts field, partial field,
 #       checkpoint field
 # A sample's whole finish: 1 stored, 0 already finished, -1 refused: the lease is not ours
 # (another worker holds it, or it was given back). Our lease ends here but in the last case.
+# The checkpoint log and running request go with a finished sample; a refusal leaves them to
+# the worker holding it now.
 STORE_RESULT = (
     IS_HOLDER
     + """
@@ -157,9 +163,13 @@ if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
     redis.call('ZREM', KEYS[4], ARGV[1])
     redis.call('HDEL', KEYS[5], ARGV[1])
   end
+  redis.call('DEL', KEYS[9])
+  redis.call('HDEL', KEYS[10], ARGV[1])
   return 0
 end
 if not is_holder(KEYS[5], KEYS[8], ARGV[1], ARGV[4]) then return -1 end
+redis.call('DEL', KEYS[9])
+redis.call('HDEL', KEYS[10], ARGV[1])
 redis.call('SREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('HDEL', KEYS[5], ARGV[1])
@@ -172,17 +182,24 @@ return 1
 """
 )
 
-# KEYS: pending, failed, leases, lease_owner, counters, prompts, reaped
+# KEYS: pending, failed, leases, lease_owner, counters, prompts, reaped, checkpoint log,
+#       requests
 # ARGV: id, failure json, kind, token, checkpoint field
 # For the lease holder only (-1 otherwise: another worker may yet succeed); 0 already
 # finished. The prompt and answered turns stay (``requeue failed`` runs the sample again); the
-# checkpoint goes: the failure may be the continuation itself (a server refusing the token-id
-# prompt).
+# checkpoint (header and log) goes: the failure may be the continuation itself (a server
+# refusing the token-id prompt); so does the running request.
 STORE_FAILURE = (
     IS_HOLDER
     + """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 0 end
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
+  redis.call('DEL', KEYS[8])
+  redis.call('HDEL', KEYS[9], ARGV[1])
+  return 0
+end
 if not is_holder(KEYS[4], KEYS[7], ARGV[1], ARGV[4]) then return -1 end
+redis.call('DEL', KEYS[8])
+redis.call('HDEL', KEYS[9], ARGV[1])
 redis.call('SREM', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
@@ -209,15 +226,54 @@ end
 return moved
 """
 
-# KEYS: lease_owner, prompts   ARGV: id, token, checkpoint field, checkpoint json
-# Fenced: written only while ``token`` is the sample's lease owner. A worker paused past its
-# lease (SIGSTOP, a VM freeze) wakes up unable to overwrite the checkpoint of the worker that
-# took the sample over; a lease not yet taken over is still its own, so its newer progress
-# is kept. A lease with no owner (reaped) refuses too. Returns 1 written, 0 refused.
-SAVE_CHECKPOINT = """
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+# KEYS: pending, lease_owner, prompts, checkpoint log, reaped
+# ARGV: id, token, checkpoint field, header ('' to append), piece, log length expected
+# Fenced: written only for the lease holder of a pending sample (IS_HOLDER). A worker paused
+# past its lease (SIGSTOP, a VM freeze) wakes up unable to overwrite the checkpoint of the
+# worker that took the sample over; a lease reaped from it and not taken since is still its
+# own, so its newer progress is kept. With a header, the checkpoint starts again: header and
+# log replaced (common/checkpoint_log.py). Without one the piece is appended, only if the log
+# is as long as its writer last left it and its header is still there (else something else
+# wrote or cleared it since). Returns the log's length in bytes once written, 0 refused (not
+# the lease holder), -1 not appended (the caller saves it whole).
+SAVE_CHECKPOINT = (
+    IS_HOLDER
+    + """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return 0 end
+if not is_holder(KEYS[2], KEYS[5], ARGV[1], ARGV[2]) then return 0 end
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
+  redis.call('SET', KEYS[4], ARGV[5])
+  return redis.call('STRLEN', KEYS[4])
+end
+local head = redis.call('HGET', KEYS[3], ARGV[3])
+if not head or head == '' or redis.call('STRLEN', KEYS[4]) ~= tonumber(ARGV[6]) then
+  return -1
+end
+return redis.call('APPEND', KEYS[4], ARGV[5])
+"""
+)
+
+# KEYS: lease_owner, requests, reaped   ARGV: id, token, request json
+# The request a lease holder has running, kept for whoever takes the lease over (it aborts it
+# on the server). Fenced like a checkpoint: a worker paused past its lease cannot name its
+# stale request as the sample's current one. Returns 1 written, 0 refused.
+SAVE_REQUEST = (
+    IS_HOLDER
+    + """
+if not is_holder(KEYS[1], KEYS[3], ARGV[1], ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 return 1
+"""
+)
+
+# KEYS: requests   ARGV: id, token   returns the sample's running request if ``token`` sent
+# it (and removes it), else nil: a request someone else already popped is theirs to abort.
+POP_OWN_REQUEST = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw or cjson.decode(raw)['token'] ~= ARGV[2] then return false end
+redis.call('HDEL', KEYS[1], ARGV[1])
+return raw
 """
 
 # KEYS: leases, lease_owner, reaped   returns the ids whose lease expired (their holder is

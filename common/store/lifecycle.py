@@ -8,6 +8,7 @@ import time
 from typing import Literal
 
 from common import lua
+from common.checkpoint_store import drop_checkpoint_logs
 from common.keys import ATTEMPTS_SUFFIX, CHECKPOINT_SUFFIX, retired_runs_key, runs_key
 from common.models import Sample
 from common.store.status import StatusStore
@@ -54,6 +55,8 @@ class LifecycleStore(StatusStore):
         keys = [k.retired, *checked, *others]
         code = int(self._script(lua.RETIRE_RUN)(keys=keys, args=[summary, int(force)]))
         outcome = _RETIRE_OUTCOMES[code]
+        if outcome == "retired":
+            drop_checkpoint_logs(self.r, k)  # of samples left unfinished (force)
         if outcome in ("retired", "already"):
             self.r.srem(runs_key(self.prefix), self.run)
             self.r.sadd(retired_runs_key(self.prefix), self.run)
@@ -73,4 +76,5 @@ class LifecycleStore(StatusStore):
     def delete(self) -> None:
         """Remove every key of the run."""
         self.r.delete(*self.keys.all_keys())
+        drop_checkpoint_logs(self.r, self.keys)
         self.r.srem(runs_key(self.prefix), self.run)

@@ -12,8 +12,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-from common import errors, lua
+from common import checkpoint_log, lua
+from common.checkpoint_store import CheckpointStore
 from common.models import Checkpoint, Failure, Sample, TurnResult
+from common.request_store import RequestStore
 from common.store.model_pin import ModelPin
 
 LeaseOutcome = Literal["ok", "done", "leased", "retired"]
@@ -41,7 +43,7 @@ class Taken:
         return ckpt if ckpt.extends(self.partial) else None
 
 
-class WorkerStore(ModelPin):
+class WorkerStore(ModelPin, CheckpointStore, RequestStore):
     """A sample's lease and the fenced writes of its holder."""
 
     def take(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> Taken:
@@ -58,11 +60,14 @@ class WorkerStore(ModelPin):
         if reply[0] != "ok":
             return Taken(reply[0])
         _, attempts, prompt, partial, ckpt = reply
+        # The log is read only when there is a checkpoint to continue: rarely, after a break
+        # (the lease is ours now: no one else may write it in between).
+        log = str(self.r.get(k.checkpoint_log(sample_id)) or "") if ckpt else None
         return Taken(
             "ok", int(attempts),
             Sample.model_validate_json(prompt) if prompt else None,
             [TurnResult.model_validate(t) for t in json.loads(partial)] if partial else [],
-            Checkpoint.model_validate_json(ckpt) if ckpt else None,
+            checkpoint_log.decode(ckpt or "", log),
         )  # fmt: skip
 
     def acquire(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> LeaseOutcome:
@@ -96,36 +101,6 @@ class WorkerStore(ModelPin):
         """How many times workers started on the sample since it was last (re)queued."""
         return int(self.r.hget(self.keys.prompts, self.keys.attempts_field(sample_id)) or 0)
 
-    def save_partial(self, sample_id: str, token: str, turns: list[TurnResult]) -> None:
-        """Keep answered turns so a retry resumes at the first unanswered one; the
-        checkpoint of the turn just answered goes with it (done: not to be continued).
-        Raises ``LeaseLost`` unless ``token`` holds the lease of a still pending sample."""
-        k = self.keys
-        payload = json.dumps([t.model_dump() for t in turns], ensure_ascii=False)
-        written = self._script(lua.SAVE_PARTIAL)(
-            keys=[k.pending, k.lease_owner, k.prompts],
-            args=[sample_id, token, k.partial_field(sample_id), payload,
-                  k.checkpoint_field(sample_id)],
-        )  # fmt: skip
-        if not written:
-            raise errors.LeaseLost(f"answered turns of {sample_id} refused: the lease is not ours")
-
-    def save_checkpoint(self, sample_id: str, token: str, checkpoint: Checkpoint) -> bool:
-        """Keep the turn in progress while ``token`` holds the sample's lease; False: refused
-        (another worker holds it now, or the lease was reaped)."""
-        k = self.keys
-        written = self._script(lua.SAVE_CHECKPOINT)(
-            keys=[k.lease_owner, k.prompts],
-            args=[sample_id, token, k.checkpoint_field(sample_id), checkpoint.model_dump_json()],
-        )
-        return bool(written)
-
-    def checkpoint(self, sample_id: str) -> Checkpoint | None:
-        """The sample's checkpoint, if one is kept (for tests and tools; workers get it with
-        ``take``)."""
-        raw = self.r.hget(self.keys.prompts, self.keys.checkpoint_field(sample_id))
-        return Checkpoint.model_validate_json(raw) if raw else None
-
     def store_result(
         self, sample_id: str, record_json: str, completion_tokens: int, token: str
     ) -> StoreOutcome:
@@ -133,7 +108,7 @@ class WorkerStore(ModelPin):
         finished) or 'lease_lost' (the lease is not ours: taken over, or reaped)."""
         k = self.keys
         keys = [k.pending, k.results, k.ready, k.leases, k.lease_owner, k.prompts, k.counters,
-                k.reaped]  # fmt: skip
+                k.reaped, k.checkpoint_log(sample_id), k.requests]  # fmt: skip
         args: list[str | int] = [
             sample_id, record_json, completion_tokens, token, k.attempts_field(sample_id),
             k.partial_field(sample_id), k.checkpoint_field(sample_id),
@@ -144,9 +119,10 @@ class WorkerStore(ModelPin):
         """Move a sample to the failed set with its reason, under our lease."""
         k = self.keys
         ckpt_field = k.checkpoint_field(sample_id)
+        keys = [k.pending, k.failed, k.leases, k.lease_owner, k.counters, k.prompts, k.reaped,
+                k.checkpoint_log(sample_id), k.requests]  # fmt: skip
         outcome = self._script(lua.STORE_FAILURE)(
-            keys=[k.pending, k.failed, k.leases, k.lease_owner, k.counters, k.prompts, k.reaped],
-            args=[sample_id, failure.model_dump_json(), failure.kind, token, ckpt_field],
+            keys=keys, args=[sample_id, failure.model_dump_json(), failure.kind, token, ckpt_field]
         )
         return _STORE_OUTCOMES[int(outcome)]
 

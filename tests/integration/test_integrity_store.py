@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from common import errors
+from common import checkpoint_log, errors
 from common.keys import clocks_key, reconciler_lock_key
 from common.models import Checkpoint, Failure, GenParams, Sample, SourceRef
 from common.store import RunStore
@@ -108,7 +108,9 @@ def test_a_checkpoint_made_after_another_first_answer_is_discarded_at_take(store
     store.take("s1", "old", 0.05)
     store.save_partial("s1", "old", [turn("old one")])
     stale = Checkpoint(turn=1, endpoint="e", model="m", content="x", tokens=5)
-    store.save_checkpoint("s1", "old", stale.on_history([turn("old one")]))
+    marked = stale.on_history([turn("old one")])
+    piece = checkpoint_log.piece(marked, checkpoint_log.Saved())
+    assert store.save_checkpoint("s1", "old", checkpoint_log.header(marked), piece) > 0
     time.sleep(0.1)
     # What the issue found: turn 1 from one attempt, a checkpoint on another history.
     store.r.hset(

@@ -30,6 +30,7 @@ def test_status_counts_match_a_run_with_known_retries_failures_and_tokens(stack:
     assert status["goodput"] == {
         "kept_tokens": tokens, "wasted_tokens": 0, "fraction_kept": 1.0, "resumed_turns": 0,
         "resumed_tokens": 0, "discarded_checkpoints": 0, "ids_dropped_turns": 0,
+        "aborted_requests": 0, "abort_saved_tokens": 0,
     }  # fmt: skip
     assert status["samples_per_s_last_minute"] > 0 and status["eta_s"] == 0
     [endpoint] = [e for url, e in status["endpoints"].items() if "requests" in e]

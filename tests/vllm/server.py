@@ -62,6 +62,13 @@ class Server:
     def endpoint(self) -> str:
         return f"{self.url}/v1"
 
+    def generated(self) -> float:
+        """Tokens the server has generated since it started (``generation_tokens_total``)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        found = re.findall(r"^vllm:generation_tokens_total\{[^}]*\} ([0-9.eE+-]+)$", text,
+                           re.MULTILINE)  # fmt: skip
+        return sum(float(x) for x in found)
+
     def gauges(self) -> dict[str, float]:
         """``vllm:*`` gauges from ``/metrics``, labels dropped."""
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
@@ -86,12 +93,12 @@ class Server:
             return False
 
 
-def start_server(logs: Path, *options: str) -> Server:
+def start_server(logs: Path, *options: str, model: Path = MODEL_DIR) -> Server:
     """Start vLLM (logging into the folder ``logs``) and wait until ``/health`` answers."""
     port = free_port()
     args = [
         str(VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(MODEL_DIR), "--served-model-name", MODEL_NAME,
+        "--model", str(model), "--served-model-name", MODEL_NAME,
         "--host", "127.0.0.1", "--port", str(port), "--reasoning-parser", "qwen3",
         "--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
         *options,
@@ -99,7 +106,7 @@ def start_server(logs: Path, *options: str) -> Server:
     started = time.monotonic()
     procs = Procs(logs, grace=30, own_group=True)
     proc = procs.start_program("vllm-server", args, SERVER_ENV)
-    path = json.loads((MODEL_DIR / "eaglegen_path.json").read_text())
+    path = json.loads((model / "eaglegen_path.json").read_text())
     server = Server(f"http://127.0.0.1:{port}", proc, procs, 0.0, path["reasoning"], path["answer"])
     try:
         wait_for(server.healthy, START_TIMEOUT, lambda: f"vLLM /health\n{server.log_tail()}")

@@ -124,11 +124,5 @@ def test_a_worker_killed_mid_stream_is_continued_by_the_next_one(
 
 def _checkpoints(stack: Stack, min_tokens: int) -> list[Checkpoint]:
     """The run's checkpoints with at least ``min_tokens`` tokens (an empty list: none yet)."""
-    keys = stack.store.keys
-    fields = stack.store.r.hgetall(keys.prompts)
-    found = [
-        Checkpoint.model_validate_json(value)
-        for field, value in fields.items()
-        if field.endswith(keys.checkpoint_field("")) and value
-    ]
+    found = stack.store.checkpoints().values()
     return [c for c in found if c.tokens >= min_tokens and c.token_ids is not None]

@@ -1,11 +1,13 @@
 """Checkpoints of the turn in progress: when to save one, and saving it under the lease.
 
 The client asks ``due(tokens)`` after every network read, so it must cost next to nothing:
-an int compare, and a clock read every few calls. ``save`` writes the whole partial turn with
-the fenced ``SAVE_CHECKPOINT`` script (only the lease holder's write lands), marked with the
-answered history it extends. A refusal means the lease is not ours: the generation ends at
-once (``LeaseLost``), its tokens are another worker's to make. A Redis error while saving one
-is only logged: a checkpoint is an optimisation, and the generation goes on.
+an int compare, and a clock read every few calls. ``save`` appends what the turn generated since
+the last save (common/checkpoint_log.py) with the fenced ``SAVE_CHECKPOINT`` script (only the
+lease holder's write lands), marked with the answered history it extends; the first save of
+the turn, or one whose log is not as this writer left it, writes it whole. A refusal means the
+lease is not ours: the generation ends at once (``LeaseLost``), its tokens are another
+worker's to make. A Redis error while saving one is only logged: a checkpoint is an
+optimisation, and the generation goes on.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 
 import redis
 
-from common import errors
+from common import checkpoint_log, errors
 from common.models import Checkpoint, TurnResult
 from common.settings import Settings
 from common.store import WorkerStore
@@ -49,6 +51,9 @@ class TurnCheckpoints:
         self._next_time = time.monotonic() + self.every_s
         self._calls = 0
         self._paused = False  # after a failed write: nothing before ``_next_time``
+        # What the log in Redis holds, as this writer left it (None: write the next one whole).
+        self._saved: Checkpoint | None = None
+        self._mark = checkpoint_log.Saved()
 
     def due(self, tokens: int) -> bool:
         """Whether a checkpoint is due with ``tokens`` generated (cheap: called per read)."""
@@ -76,9 +81,9 @@ class TurnCheckpoints:
         self._last_tokens = checkpoint.tokens
         self._next_time = time.monotonic() + self.every_s
         try:
-            marked = checkpoint.on_history(self.answered)
-            written = self.store.save_checkpoint(self.sample_id, self.token, marked)
+            written = self._write(checkpoint.on_history(self.answered))
         except redis.RedisError as exc:
+            self._saved = None  # whether it landed is unknown
             self._next_time = time.monotonic() + max(self.every_s, PAUSE_AFTER_ERROR_S)
             self._paused = True
             log.warning(
@@ -94,3 +99,18 @@ class TurnCheckpoints:
             return False
         self.saves += 1
         return True
+
+    def _write(self, checkpoint: Checkpoint) -> bool:
+        """Append to the log, or write it whole; whether it landed (False: refused)."""
+        store, sample_id, token = self.store, self.sample_id, self.token
+        log_bytes = -1
+        if self._saved is not None and checkpoint_log.extends(checkpoint, self._saved):
+            piece = checkpoint_log.piece(checkpoint, self._mark)
+            log_bytes = store.save_checkpoint(sample_id, token, "", piece, self._mark.log_bytes)
+        if log_bytes == -1:
+            piece = checkpoint_log.piece(checkpoint, checkpoint_log.Saved())
+            head = checkpoint_log.header(checkpoint)
+            log_bytes = store.save_checkpoint(sample_id, token, head, piece)
+        self._saved = checkpoint if log_bytes > 0 else None
+        self._mark = checkpoint_log.saved(checkpoint, log_bytes)
+        return log_bytes > 0

@@ -35,10 +35,15 @@ from common.models import Checkpoint, GenParams, TurnResult
 from common.redact import redact
 from common.settings import Settings
 from worker.chat import transport
-from worker.chat.reasoning import partial_message
+
+# Messages and the bodies are imported from here by the pool, the pipeline, benches and tests.
+from worker.chat.bodies import Messages as Messages
+from worker.chat.bodies import chat_body as chat_body
+from worker.chat.bodies import completion_body as completion_body
+from worker.chat.bodies import continue_body, encode
+from worker.chat.request_ids import new_request_id
 from worker.chat.stream import CompletionStream, TurnStream
 
-Messages = list[dict[str, Any]]
 Check = Callable[[], None]
 MODELS_BODY = 1 << 20  # bytes: a /v1/models list longer than this is not one
 # Refusals of /v1/completions in a row (none answered since) before exact resume is off for the
@@ -50,12 +55,15 @@ class Progress(Protocol):
     """Where a streaming turn's checkpoints go (the worker saves them under the sample's lease).
 
     ``due`` is asked after every network read, so it must be cheap; ``tokens`` is the turn's
-    total so far, what it resumed from included (as ``Checkpoint.tokens``).
+    total so far, what it resumed from included (as ``Checkpoint.tokens``). ``started`` is told
+    each request's own id on the server once its first chunk names it (to abort it later).
     """
 
     def due(self, tokens: int) -> bool: ...
 
     def save(self, checkpoint: Checkpoint) -> None: ...
+
+    def started(self, endpoint: str, server_id: str) -> None: ...
 
 
 # Whatever a hostile or broken answer makes the decoder raise: one BadResponse.
@@ -363,7 +371,7 @@ class ChatClient:
             "return_token_ids": True,
         }  # fmt: skip
         stream = TurnStream(self.endpoint, model)
-        self._read(self._chat_url, _encode(body), stream, None, None, self._settings.probe_timeout)
+        self._read(self._chat_url, encode(body), stream, None, None, self._settings.probe_timeout)
         return stream.prompt_token_ids
 
     def _continue_ids(
@@ -429,10 +437,12 @@ class ChatClient:
         ``probe_timeout``."""
         deadline = time.monotonic() + (seconds or self._settings.max_request_time)
         stream.max_event = self._settings.max_event_bytes
+        # The server builds its own request id from ours (vLLM: chatcmpl-<X-Request-Id>).
+        headers = {"X-Request-Id": new_request_id()}
         with (
             translate_errors(self.endpoint, self._secrets),
             self._http.stream(
-                "POST", url, content=body, deadline=deadline, check=check
+                "POST", url, content=body, deadline=deadline, check=check, headers=headers
             ) as response,
         ):
             if response.status_code != 200:
@@ -446,9 +456,13 @@ class ChatClient:
         progress: Progress | None,
     ) -> None:  # fmt: skip
         draining = False
+        unnamed = progress is not None  # the request's server id not yet handed to progress
         try:
             for data in response.iter_raw():
                 stream.feed(data)
+                if unnamed and stream.server_id and progress is not None:
+                    unnamed = False
+                    progress.started(self.endpoint, stream.server_id)
                 if check is not None:
                     check()
                 if progress is not None and progress.due(stream.resumed + stream.tokens()):
@@ -473,66 +487,3 @@ def _checkpoint(stream: TurnStream) -> Checkpoint | None:
         return stream.checkpoint()
     except (*UNDECODABLE, errors.EagleGenError):
         return None
-
-
-def chat_body(
-    model: str, messages: Messages, params: GenParams, token_ids: bool,
-    fields: dict[str, Any] | None = None,
-) -> bytes:  # fmt: skip
-    """The JSON body of one streamed chat completion (``fields``: the sample's tools)."""
-    body = _chat_fields(model, messages, params, params.max_tokens)
-    if fields:
-        body.update(fields)
-    if token_ids:
-        body["return_token_ids"] = True
-    return _encode(body)
-
-
-def continue_body(
-    model: str, messages: Messages, params: GenParams, resume: Checkpoint, max_tokens: int
-) -> bytes:
-    """The chat completion that continues a turn's text: the partial answer as the final
-    assistant message, left open (vLLM's ``continue_final_message``), for what is left of
-    max_tokens. No ids asked: they would not be the ids the model generated."""
-    partial = partial_message(resume.reasoning, resume.content)
-    body = _chat_fields(model, [*messages, partial], params, max_tokens)
-    body["continue_final_message"] = True
-    body["add_generation_prompt"] = False
-    return _encode(body)
-
-
-def completion_body(model: str, prompt: list[int], params: GenParams, max_tokens: int) -> bytes:
-    """The streamed /v1/completions request that continues a turn exactly from its ids: the
-    chat's prompt ids then the ids generated so far, the same sampling, what is left of
-    max_tokens. Special tokens are skipped from the text as on the chat API (vLLM's default),
-    so the text matches; ``</think>`` is not special for the models that use it."""
-    body: dict[str, Any] = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        **params.sampling(),  # unset: the server's generation config applies
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "return_token_ids": True,
-    }
-    return _encode(body)
-
-
-def _chat_fields(
-    model: str, messages: Messages, params: GenParams, max_tokens: int
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        **params.sampling(),  # unset: the server's generation config applies
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if params.chat_template_kwargs:
-        body["chat_template_kwargs"] = params.chat_template_kwargs
-    return body
-
-
-def _encode(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, ensure_ascii=False).encode()

@@ -58,6 +58,7 @@ class TurnStream:
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] = {}
         self.text_chunks = 0
+        self.server_id = ""  # the request's id on the server: the first chunk's ``id``
         # Ids received up to the last chunk with text: a checkpoint ends there, so that its
         # text and ids agree (a token held back by the detokenizer, or a trailing end-of-turn
         # or end-of-reasoning token, is generated again rather than continued from).
@@ -127,6 +128,8 @@ class TurnStream:
         self._add(chunk)
 
     def _add(self, chunk: dict[str, Any]) -> None:
+        if not self.server_id:
+            self.server_id = str(chunk.get("id") or "")
         choices = chunk.get("choices")
         if choices:
             if type(choices) is not list:

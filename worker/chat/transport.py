@@ -249,11 +249,13 @@ class Connections:
         *,
         deadline: float | None = None,
         check: Callable[[], None] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Iterator[Response]:
         """Send a request; the response is read inside the block, all of it by ``deadline``
         (``time.monotonic()``; None: each read has its timeout, the whole none, as for a
         benchmark). ``timeout``: per read, instead of the read (stall) timeout;
-        ``check`` runs every second while the response head is awaited, and may raise.
+        ``check`` runs every second while the response head is awaited, and may raise;
+        ``headers`` go with the transport's own (a request id, say).
 
         The connection goes back to the pool if the body was read to its end, else it is
         closed (an unread body would be read by the next request).
@@ -262,7 +264,8 @@ class Connections:
         watch = _WATCHDOG.watch(deadline, conn.sock) if deadline else _Watch(math.inf, None)
         response = None
         try:
-            raw = self._send(conn, method, urlsplit(url).path, content, watch, check)
+            sent = {**self._headers, **headers} if headers else self._headers
+            raw = self._send(conn, method, urlsplit(url).path, content, sent, watch, check)
             response = Response(raw, watch)
             yield response
         finally:
@@ -293,11 +296,11 @@ class Connections:
 
     def _send(
         self, conn: http.client.HTTPConnection, method: str, path: str, content: bytes | None,
-        watch: _Watch, check: Callable[[], None] | None,
+        headers: dict[str, str], watch: _Watch, check: Callable[[], None] | None,
     ) -> http.client.HTTPResponse:  # fmt: skip
         with _reading(watch):
             try:
-                conn.request(method, path, content, self._headers)
+                conn.request(method, path, content, headers)
             except TimeoutError as exc:
                 raise ConnectTimeout(f"timed out sending the request: {exc}") from exc
             except (OSError, http.client.HTTPException) as exc:

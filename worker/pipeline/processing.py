@@ -29,6 +29,7 @@ from common.store import RunStore, Taken
 from worker.chat.checkpoints import TurnCheckpoints
 from worker.chat.client import ChatClient, Check, Messages
 from worker.endpoints.routing import RouteHint, hint_for
+from worker.pipeline.aborts import Aborter, TurnRequests
 from worker.pipeline.breaker import Breaker
 from worker.pipeline.generate import answer_turns, build_record
 from worker.pipeline.leases import LeaseKeeper
@@ -57,6 +58,7 @@ class Turn:
     index: int
     resume: Checkpoint | None = None
     progress: TurnCheckpoints | None = None  # None: EAGLEGEN_RESUME=off, no checkpoints
+    requests: TurnRequests | None = None  # its requests, kept beside the lease to abort
     fields: dict[str, Any] | None = None  # the sample's tools, sent with every request
 
 
@@ -86,9 +88,10 @@ class SampleProcessor:
 
     def __init__(
         self, settings: Settings, store: Callable[[str], RunStore], endpoints: Endpoints,
-        leases: LeaseKeeper, observer: Observer,
+        leases: LeaseKeeper, observer: Observer, aborter: Aborter | None = None,
     ) -> None:  # fmt: skip
         self.settings = settings
+        self.aborter = aborter  # None: orphaned requests are not aborted
         self.store = store
         self.endpoints = endpoints
         self.leases = leases
@@ -138,6 +141,10 @@ class SampleProcessor:
             log.debug("skip %s/%s: %s", store.run, sample_id, taken.outcome)
             return f"skipped:{taken.outcome}"
         cancelled = self.leases.hold(store.run, sample_id, token)
+        if taken.attempts > 1 and self.aborter is not None:
+            # Taken over: the previous holder's request may still be generating (paused, cut
+            # off from Redis); nothing will read it.
+            self.aborter.reaped(store, [sample_id], "lease taken over")
         try:
             # Under the lease: an open breaker fails the sample at once, stored by its holder.
             self.breaker.check(store)
@@ -212,7 +219,10 @@ class SampleProcessor:
             progress = None
             if resuming:
                 progress = TurnCheckpoints(store, sample_id, token, self.settings, resume, answered)
-            turn = Turn(index, resume, progress, fields)
+            base = resume.tokens if resume is not None else 0
+            requests = TurnRequests(store, sample_id, token, self.aborter, progress,
+                                    params.max_tokens, base)  # fmt: skip
+            turn = Turn(index, resume, progress, requests=requests, fields=fields)
             result = self._call(store, messages, params, check, hint, turn)
             hint, resume, index = hint.after(result.endpoint), None, index + 1
             answered.append(result)
@@ -241,10 +251,12 @@ class SampleProcessor:
                     if self._serves(store, client):
                         result = client.complete(
                             messages, params, check, turn=turn.index, resume=turn.resume,
-                            progress=turn.progress, fields=turn.fields,
+                            progress=turn.requests, fields=turn.fields,
                         )  # fmt: skip
         except errors.GenerationError as exc:
             _keep_break_point(exc, turn.progress)
+            if turn.requests is not None:
+                turn.requests.gave_up(exc)
             self.observer.error(store.run, exc)
             raise
         self.observer.turn(store.run, result)

@@ -32,7 +32,8 @@ from common.clock import redis_time
 from common.keys import reconciler_lock_key
 from common.locks import HeldLock
 from common.settings import Settings
-from common.store import ReconcileStore, known_runs
+from common.store import ReconcileStore, WorkerStore, known_runs
+from worker.pipeline.aborts import Aborter
 from worker.pipeline.ticker import Ticker
 
 log = logging.getLogger("eaglegen.reconcile")
@@ -54,6 +55,7 @@ class RunReport:
     republished: list[str] = field(default_factory=list)
     results_relisted: list[str] = field(default_factory=list)
     queue_scanned: bool = True
+    aborted: int = 0  # requests of reaped leases aborted on their server
 
     @property
     def fixed(self) -> int:
@@ -64,7 +66,8 @@ class RunReport:
         """One line for logs and the CLI."""
         return (
             f"run {self.run}: pending {self.pending}, expired leases "
-            f"{len(self.expired_leases)}, re-enqueued {len(self.republished)}, results "
+            f"{len(self.expired_leases)} ({self.aborted} requests aborted), re-enqueued "
+            f"{len(self.republished)}, results "
             f"re-listed for the collector {len(self.results_relisted)}"
             + ("" if self.queue_scanned else " (queue too long to scan: lost messages later)")
         )
@@ -88,10 +91,15 @@ def lost_samples(
 class Reconciler:
     """Runs reconciliation passes over every run (or one)."""
 
-    def __init__(self, client: redis.Redis, settings: Settings, publish: Publish) -> None:
+    def __init__(
+        self, client: redis.Redis, settings: Settings, publish: Publish,
+        aborter: Aborter | None = None,
+    ) -> None:  # fmt: skip
         self.r = client
         self.settings = settings
         self.publish = publish
+        # The requests of reaped leases are aborted: their holders no longer read them.
+        self.aborter = aborter if aborter is not None else Aborter(client, settings)
         self._suspects: dict[str, set[str]] = {}  # run -> lost in the previous pass
 
     def run_once(self, runs: list[str] | None = None, keep: Keep = _always) -> list[RunReport]:
@@ -129,6 +137,10 @@ class Reconciler:
     ) -> RunReport:  # fmt: skip
         store = ReconcileStore(self.r, self.settings.key_prefix, run)
         report = RunReport(run, expired_leases=store.reap_expired_leases(), queue_scanned=scanned)
+        if report.expired_leases:
+            # Their requests are aborted, and counted, as a worker taking them over would.
+            aborting = WorkerStore(self.r, self.settings.key_prefix, run)
+            report.aborted = self.aborter.reaped(aborting, report.expired_leases)
         pending = self._candidates(store, report, refs)
         if pending:
             lost = lost_samples(
@@ -160,9 +172,10 @@ class ReconcilerLoop:
     each pass (the lock is the queue's: every pool's runs are reconciled by its own)."""
 
     def __init__(
-        self, client: redis.Redis, settings: Settings, publish: Publish, lock: str | None = None
-    ) -> None:
-        self.reconciler = Reconciler(client, settings, publish)
+        self, client: redis.Redis, settings: Settings, publish: Publish, lock: str | None = None,
+        aborter: Aborter | None = None,
+    ) -> None:  # fmt: skip
+        self.reconciler = Reconciler(client, settings, publish, aborter)
         self.interval = settings.reconcile_interval
         # Shorter than the interval, so the lock is free again when the next pass is due.
         # ``lock``: another queue's own (capture's queue has its own lock).
