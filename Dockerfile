@@ -28,6 +28,7 @@ COPY collector ./collector
 COPY simulator ./simulator
 COPY training ./training
 COPY cli ./cli
+COPY capture ./capture
 COPY data ./data
 RUN pip install --no-deps . \
     && useradd --create-home --uid 10001 eaglegen \
