@@ -10,6 +10,8 @@ unchecked, with a warning: the workers' own errors still apply then.
 from __future__ import annotations
 
 import json
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -45,11 +47,11 @@ def server_limits(
     """Ask every endpoint's ``/v1/models`` for the served model's ``max_model_len``."""
     lengths: list[int] = []
     unchecked: list[str] = []
+    answers = _ask_all(endpoints, model, api_key, timeout)
     for url in endpoints:
-        try:
-            found = _max_model_len(url, model, api_key, timeout)
-        except (OSError, ValueError) as exc:
-            unchecked.append(f"{redact_url(url)}: {_reason(exc)}")
+        found = answers.get(url, TimeoutError(f"no answer within {timeout:.0f} s"))
+        if isinstance(found, Exception):
+            unchecked.append(f"{redact_url(url)}: {_reason(found)}")
             continue
         if found is None:
             unchecked.append(f"{redact_url(url)}: /v1/models gives no max_model_len")
@@ -67,6 +69,29 @@ def check_max_tokens(params: GenParams, limits: ServerLimits) -> None:
             "(prompt + completion tokens, from GET /v1/models): use at most "
             f"{limit - PER_MESSAGE_TOKENS - 1}, leaving room for the prompts"
         )
+
+
+def _ask_all(
+    endpoints: Sequence[str], model: str | None, api_key: str, timeout: float
+) -> dict[str, int | Exception | None]:
+    """Every endpoint asked at once, all within ``timeout`` (a server that trickles its answer
+    byte by byte would pass any per-read timeout): what each said, or its error. Daemon
+    threads, so one that never answers does not keep the command from exiting."""
+    answers: dict[str, int | Exception | None] = {}
+
+    def ask(url: str) -> None:
+        try:
+            answers[url] = _max_model_len(url, model, api_key, timeout)
+        except (OSError, ValueError) as exc:
+            answers[url] = exc
+
+    threads = [threading.Thread(target=ask, args=(url,), daemon=True) for url in endpoints]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return dict(answers)
 
 
 def _max_model_len(url: str, model: str | None, api_key: str, timeout: float) -> int | None:

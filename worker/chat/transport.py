@@ -286,6 +286,12 @@ class Connections:
                 return response.status_code, response.head_of(min(limit, ERROR_BODY))
             return response.status_code, response.read(limit)
 
+    def post(self, url: str, content: bytes, timeout: float, limit: int) -> tuple[int, bytes]:
+        """A POST's status and the first ``limit`` bytes of its body, all within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self.stream("POST", url, content=content, timeout=timeout, deadline=deadline) as r:
+            return r.status_code, r.head_of(limit)
+
     def close(self) -> None:
         """Close the idle connections; those in use close when their response ends."""
         with self._lock:

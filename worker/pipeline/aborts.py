@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Callable
 
-import httpx
 import redis
 
 from common import errors
@@ -31,6 +30,7 @@ from common.models import Checkpoint
 from common.request_store import RequestRef
 from common.settings import Settings
 from common.store import WorkerStore
+from worker.chat import transport
 from worker.chat.checkpoints import TurnCheckpoints
 
 log = logging.getLogger("eaglegen.worker")
@@ -111,7 +111,11 @@ class Aborter:
         self, client: redis.Redis, settings: Settings, counted: Counted | None = None
     ) -> None:
         self.support = AbortSupport(client, settings.key_prefix)
-        self._headers = {"Authorization": f"Bearer {settings.api_key_value()}"}
+        self._headers = {
+            "Authorization": f"Bearer {settings.api_key_value()}",
+            "Content-Type": "application/json",
+        }
+        self._settings = settings
         self._counted = counted
 
     def orphan(
@@ -147,7 +151,7 @@ class Aborter:
             return False
         try:
             return self._post(ref, why)
-        except (httpx.HTTPError, redis.RedisError) as exc:
+        except (transport.TransportError, ValueError, redis.RedisError) as exc:
             log.info("abort of %s on %s failed: %s", ref.server_id, ref.endpoint, exc)
             return False
 
@@ -158,7 +162,7 @@ class Aborter:
             return known
         try:
             return self._send(endpoint, [])
-        except (httpx.HTTPError, redis.RedisError) as exc:
+        except (transport.TransportError, ValueError, redis.RedisError) as exc:
             log.info("abort support of %s not learned yet: %s", endpoint, exc)
             return None
 
@@ -169,16 +173,24 @@ class Aborter:
         return True
 
     def _send(self, endpoint: str, ids: list[str]) -> bool:
-        answer = httpx.post(abort_url(endpoint), json={"request_ids": ids},
-                            headers=self._headers, timeout=TIMEOUT_S)  # fmt: skip
-        if answer.status_code in (403, 404, 405):
+        body = json.dumps({"request_ids": ids}).encode()
+        # The project's one HTTP stack: one deadline over the whole call and a capped body (a
+        # server answering with a huge or endless body costs no memory). Aborts are rare: a
+        # connection each, closed after.
+        http = transport.Connections(
+            endpoint, self._headers, self._settings.connect_timeout, TIMEOUT_S, max_idle=1
+        )
+        try:
+            status, _ = http.post(abort_url(endpoint), body, TIMEOUT_S, transport.ERROR_BODY)
+        finally:
+            http.close()
+        if status in (403, 404, 405):
             # vLLM without --enable-scale-out (403), or a server without the route.
-            self.support.learn(endpoint, False, f"HTTP {answer.status_code}")
-            log.warning("%s does not abort requests (HTTP %d); %s", endpoint,
-                        answer.status_code, HINT)  # fmt: skip
+            self.support.learn(endpoint, False, f"HTTP {status}")
+            log.warning("%s does not abort requests (HTTP %d); %s", endpoint, status, HINT)
             return False
-        if answer.status_code != 200:
-            log.info("abort on %s: HTTP %d", endpoint, answer.status_code)
+        if status != 200:
+            log.info("abort on %s: HTTP %d", endpoint, status)
             return False
         if self.support.get(endpoint) is None:
             self.support.learn(endpoint, True, "abort_requests answered 200")
