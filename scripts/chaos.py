@@ -12,9 +12,9 @@ deadline passes) it stops everything and checks: nothing lost, no duplicate line
 file, `written` equal to the distinct ids on disk, every failure an over-long prompt, every
 answer (resumed ones included) equal to the simulator's own answer to its prompt, no worker
 that exited by itself, duplicate generations no more than the requests in flight at the kills
-and pauses, and GPU waste at breaks on the server
-that continues checkpoints (tokens it streamed that are not in the output, generations run to
-their end twice apart) at most 0.5% of its turns' tokens.
+and pauses, and GPU waste at breaks (tokens the simulators streamed that are not in the output;
+generations run to their end twice, and checkpoints a server that ignores continuations
+could not take on, reported apart) at most 0.5% of the output's tokens.
 """
 
 from __future__ import annotations
@@ -492,10 +492,11 @@ def verdict(r: dict[str, Any]) -> list[str]:
         misses.append(f"only {r['worker_kills']} worker kills: the run was too short to judge")
     if r["duplicate_generations"] > r["in_flight_at_kills"]:
         misses.append("more duplicate generations than requests in flight at the kills")
-    breaks = r["honouring_server"]["gpu_waste_pct_breaks"]
+    # Over both servers, with the checkpoints the ignoring server could not continue (the
+    # cost of having it in the pool) counted apart; each server's own figure is reported.
+    breaks = r["gpu_waste_pct_breaks"]
     if breaks is None or breaks > MAX_WASTE_PCT:
-        misses.append(f"GPU waste at breaks {breaks}% on the server that continues checkpoints "
-                      f"(at most {MAX_WASTE_PCT}%)")  # fmt: skip
+        misses.append(f"GPU waste at breaks {breaks}% (at most {MAX_WASTE_PCT}%)")
     if not r["resumed_records_checked"]:
         misses.append("no resumed record was checked against its prompt's answer")
     return misses
