@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import DiskFull, NotOurs
+from common.errors import DiskFull, LeaseLost, NotOurs
 
 TMP_SUFFIX = ".tmp"
 # Disk errors that more room can fix; any other OSError is a bug or a misconfiguration.
@@ -40,15 +40,23 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_atomic(path: Path, data: bytes, ours: Callable[[Path], bool]) -> Written:
+def write_atomic(
+    path: Path, data: bytes, ours: Callable[[Path], bool],
+    still_held: Callable[[], bool] = lambda: True,
+) -> Written:  # fmt: skip
     """Put ``data`` at ``path`` whole or not at all; ``ours(path)`` decides whether an
-    existing file there may be replaced (an earlier attempt of the same row)."""
+    existing file there may be replaced (an earlier attempt of the same row). ``still_held``
+    is asked right before the rename: a writer that lost its row meanwhile (paused past its
+    lease while another wrote the row and its manifest line) must not replace that file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and not ours(path):
         raise NotOurs(f"{path} exists and was not written by this capture run; left as it is")
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}")
     try:
         _write_synced(tmp, data)
+        if not still_held():
+            tmp.unlink(missing_ok=True)
+            raise LeaseLost(f"{path.name}: the row is another worker's now; not replaced")
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)

@@ -101,7 +101,13 @@ class RowProcessor:
         spec, run = view.spec, view.store.run
         rel = relative_path(spec.layout, row.index)
         data = encode(spec.layout, row, states, run)
-        written = _write(view.out_dir / rel, data, spec, run)
+
+        def still_held() -> bool:  # asked of Redis, not of the renewer (it may be behind)
+            return not cancelled.is_set() and not view.store.runs.renew(
+                [(row_id, token)], self.lease_ttl
+            )
+
+        written = _write(view.out_dir / rel, data, spec, run, still_held)
         line = ManifestLine(
             id=row_id, run=run, row=row.index, sample=row.sample, file=rel,
             tokens=len(row.input_ids), bytes=written.bytes, sha256=written.sha256,
@@ -125,6 +131,8 @@ class RowProcessor:
         self.views(run).store.runs.incr("retries")
 
 
-def _write(path: Path, data: bytes, spec: CaptureSpec, run: str) -> Written:
+def _write(
+    path: Path, data: bytes, spec: CaptureSpec, run: str, still_held: Callable[[], bool]
+) -> Written:
     # A file already at the path is replaced only if this run wrote it (an earlier attempt).
-    return write_atomic(path, data, lambda p: written_by(p, spec.layout) == run)
+    return write_atomic(path, data, lambda p: written_by(p, spec.layout) == run, still_held)
