@@ -150,10 +150,13 @@ class _Store:
     def pending_count(self) -> int:
         return self.pending
 
-    def accept(self, samples: list) -> list[bool]:
+    def accept(self, samples: list, producer: str = "") -> list[bool]:
         self.accepted += [s.id for s in samples]
         self.pending += len(samples)
         return [True for _ in samples]
+
+    def beat(self, producer: str, alive: bool = True) -> None:
+        """The producer heartbeat (a no-op here)."""
 
 
 def _feeder(store: _Store, **options: object) -> tuple[Feeder, list[tuple[int, str]]]:
