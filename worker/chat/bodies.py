@@ -43,29 +43,23 @@ def completion_body(model: str, prompt: list[int], params: GenParams, max_tokens
     chat's prompt ids then the ids generated so far, the same sampling, what is left of
     max_tokens. Special tokens are skipped from the text as on the chat API (vLLM's default),
     so the text matches; ``</think>`` is not special for the models that use it."""
-    body: dict[str, Any] = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        **params.sampling(),  # unset: the server's generation config applies
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "return_token_ids": True,
-    }
+    body = {"prompt": prompt, **_streamed(model, params, max_tokens), "return_token_ids": True}
     return encode(body)
+
+
+def _streamed(model: str, params: GenParams, max_tokens: int) -> dict[str, Any]:
+    """What every generation request shares: the model, the limit, the sampling (unset: the
+    server's generation config applies), streamed with a usage chunk at the end."""
+    return {
+        "model": model, "max_tokens": max_tokens, **params.sampling(),
+        "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
 
 
 def _chat_fields(
     model: str, messages: Messages, params: GenParams, max_tokens: int
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        **params.sampling(),  # unset: the server's generation config applies
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body: dict[str, Any] = {"messages": messages, **_streamed(model, params, max_tokens)}
     if params.chat_template_kwargs:
         body["chat_template_kwargs"] = params.chat_template_kwargs
     return body
