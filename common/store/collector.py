@@ -58,7 +58,9 @@ class CollectorStore(RunBase):
             keys=[k.collector_lock, k.ready, k.collecting], args=[token, limit]
         )
         if taken == -1:
-            raise errors.CollectorFenced(f"run {self.run!r}: another collector holds the lock")
+            raise errors.CollectorFenced(
+                f"lost the collector lock of run {self.run!r} to another collector"
+            )
         return [str(x) for x in taken]
 
     def ready_count(self) -> int:
@@ -81,7 +83,9 @@ class CollectorStore(RunBase):
         keys = [k.collector_lock, k.collecting, k.results, k.counters]
         n = int(self._script(lua.COMMIT_COLLECTED)(keys=keys, args=[token, *ids]))
         if n == -1:
-            raise errors.CollectorFenced(f"run {self.run!r}: another collector holds the lock")
+            raise errors.CollectorFenced(
+                f"lost the collector lock of run {self.run!r} to another collector"
+            )
         return n
 
     def collector_lock(self, ttl_s: float) -> RunLock:

@@ -116,9 +116,19 @@ def _started_again(stack: Stack, records: list[dict[str, Any]], expected: list[d
     assert turns and all(t["resumed_from_tokens"] == 0 for t in turns)
     discarded = [t["discarded_tokens"] for t in turns if t.get("discarded_tokens")]
     assert discarded, "no broken turn's checkpoint was set aside"
-    goodput = json.loads(stack.procs.run(["status", "--json"], stack.env).stdout)["goodput"]
-    assert goodput["discarded_checkpoints"] == len(discarded)
-    assert goodput["wasted_tokens"] >= sum(discarded)
+
+    def goodput() -> dict[str, Any]:
+        return json.loads(stack.procs.run(["status", "--json"], stack.env).stdout)["goodput"]
+
+    # Workers flush their turn statistics every few seconds: the records may land first.
+    wait_for(
+        lambda: goodput()["discarded_checkpoints"] >= len(discarded),
+        30,
+        lambda: f"status to count {len(discarded)} discarded checkpoints: {goodput()}",
+        every=0.5,
+    )
+    assert goodput()["discarded_checkpoints"] == len(discarded)
+    assert goodput()["wasted_tokens"] >= sum(discarded)
 
 
 def test_without_token_ids_a_dropped_turn_is_generated_again_not_continued_unproven(
