@@ -14,11 +14,12 @@ COMPOSE_BIN = $(or $(DOCKER_COMPOSE),$(error neither `docker compose` nor `docke
 # The docker stack; TLS=1 adds docker-compose.tls.yml (Redis speaks TLS only).
 COMPOSE = $(COMPOSE_BIN) -f docker-compose.yml $(if $(filter 1,$(TLS)),-f docker-compose.tls.yml)
 
-.PHONY: soak test-compose chaos help install install-dev demo test test-unit test-vllm test-trainers lint format bench up down logs ps enqueue worker-host worker collector flower redis clean
+.PHONY: soak test-compose test-faults chaos help install install-dev demo test test-unit test-vllm test-trainers lint format bench up down logs ps enqueue worker-host worker collector flower redis clean
 
 help:
 	@echo "make demo      run the bundled prompts end to end (simulator, worker, collector)"
 	@echo "make test      set up and run the test suite (needs/starts Redis)"
+	@echo "make test-faults  hostile servers, paused and killed processes, a stalled Redis"
 	@echo "make test-vllm the same pipeline against a real vLLM CPU server (tiny model)"
 	@echo "make test-trainers  SpecForge and speculators read the exported data (own venv)"
 	@echo "make lint      ruff + mypy"
@@ -55,6 +56,11 @@ demo: install redis
 
 test: install-dev redis
 	$(BIN)/pytest
+
+# The fault tier: hostile servers, SIGSTOPped and SIGKILLed workers, Redis stalled and restarted,
+# clocks moved (libfaketime), capture under faults. Kept apart so `make test` stays short.
+test-faults: install-dev redis
+	$(BIN)/pytest -m faults
 
 test-unit: install-dev
 	$(BIN)/pytest -m "not integration"

@@ -19,7 +19,7 @@ from tests.capture.helpers import make_rows, write_tokenized
 from tests.harness import Procs, free_port, start_redis, wait_for
 from tests.services import require_tool
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 LEASE_TTL = 6.0
 RECONCILE = 2.0
 

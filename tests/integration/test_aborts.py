@@ -80,4 +80,4 @@ def test_a_server_that_refuses_aborts_is_remembered_and_shown(
     assert status["goodput"]["aborted_requests"] == 0
 
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.faults]

@@ -9,9 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.harness import ROOT, child_env, wait_for
 from tests.services import unavailable
 from tests.stack import Stack
+
+pytestmark = pytest.mark.faults  # make test-faults
 
 
 def shifted_clock(offset: str) -> dict[str, str]:

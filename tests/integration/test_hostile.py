@@ -24,6 +24,8 @@ from tests.harness import Child, wait_for
 from tests.hostile import SECRET, HostileServer, elapsed, peak_rss_mb
 from tests.stack import Stack
 
+pytestmark = pytest.mark.faults  # make test-faults
+
 RETRIES = 2  # so a failed sample had 3 attempts
 LIMIT = float(os.environ.get("HOSTILE_LIMIT", "90"))  # seconds a case may take
 RSS_MB = 100  # the worker's peak over its idle RSS, at most

@@ -8,11 +8,15 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from common.models import GenParams, Sample, SourceRef
 from common.store import RunStore
 from simulator.answers import prompt_key
 from tests.harness import free_port, wait_for
 from tests.stack import Stack
+
+pytestmark = pytest.mark.faults  # make test-faults
 
 
 def _prompts(tmp: Path, n: int, turns: int = 1, name: str = "p.jsonl") -> Path:

@@ -7,11 +7,14 @@ import signal
 import time
 
 import httpx
+import pytest
 
 from broker.app import create_broker_app
 from broker.publish import publish
 from tests.harness import wait_for
 from tests.stack import Stack
+
+pytestmark = pytest.mark.faults  # make test-faults
 
 FAST_RECOVERY = {"EAGLEGEN_LEASE_TTL": "3", "EAGLEGEN_RECONCILE_INTERVAL": "1"}
 

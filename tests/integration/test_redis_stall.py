@@ -7,9 +7,13 @@ import signal
 import time
 from collections import Counter
 
+import pytest
+
 from tests.harness import Procs, free_port, start_redis, wait_for
 from tests.services import require_tool
 from tests.stack import Stack
+
+pytestmark = pytest.mark.faults  # make test-faults
 
 
 def test_the_collector_and_workers_ride_out_a_stalled_redis(procs: Procs, tmp_path):

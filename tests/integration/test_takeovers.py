@@ -8,9 +8,12 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.harness import wait_for
 from tests.stack import Stack
+
+pytestmark = pytest.mark.faults  # make test-faults
 
 
 def _prompts(tmp: Path, n: int) -> Path:
