@@ -17,7 +17,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "producer", "broker", "worker", "collector", "simulator", "training", "cli")
+PACKAGES = (
+    "common",
+    "producer",
+    "broker",
+    "worker",
+    "collector",
+    "simulator",
+    "training",
+    "cli",
+    "capture",
+)
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
