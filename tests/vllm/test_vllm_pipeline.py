@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import ROOT
+from tests.harness import ROOT, free_port
 from tests.stack import Stack
 from tests.vllm.server import MAX_MODEL_LEN, MODEL_DIR, Server, report
 
@@ -67,7 +67,8 @@ def test_the_bundled_prompts_are_answered_exactly_once_over_real_streaming(
 def test_reasoning_arrives_in_its_own_field_and_is_kept_in_the_record(
     stack: Stack, vllm_server: Server
 ) -> None:
-    _run(stack, vllm_server, [str(DATA / "vicuna_bench_question.jsonl"), "--limit", "4"])
+    source = str(DATA / "vicuna_bench_question.jsonl")
+    _run(stack, vllm_server, [source, "--limit", "4", "--max-tokens", MAX_TOKENS])
     for record in stack.lines():
         [answer] = _assistants(record)
         assert answer["reasoning_content"] == vllm_server.reasoning
@@ -82,7 +83,7 @@ def test_no_thinking_reaches_the_template_and_no_reasoning_comes_back(
     stack: Stack, vllm_server: Server
 ) -> None:
     source = str(DATA / "vicuna_bench_question.jsonl")
-    _run(stack, vllm_server, [source, "--limit", "4", "--no-thinking"])
+    _run(stack, vllm_server, [source, "--limit", "4", "--no-thinking", "--max-tokens", MAX_TOKENS])
     for record in stack.lines():
         [answer] = _assistants(record)
         assert answer.get("reasoning_content") is None  # the record omits it
@@ -109,7 +110,12 @@ def test_a_prompt_longer_than_the_model_fails_with_http_400_and_is_not_retried(
     source = tmp_path / "p.jsonl"
     rows = [{"prompt": "a short question"}, {"prompt": "word " * (MAX_MODEL_LEN + 500)}]
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    _run(stack, vllm_server, [str(source), "--max-tokens", MAX_TOKENS])
+    # Checked against the server's max_model_len, enqueue refuses the long row itself; enqueued
+    # unchecked (no server at the producer's address) it meets the server.
+    unchecked = {**stack.env, "EAGLEGEN_ENDPOINTS": f"http://127.0.0.1:{free_port()}/v1"}
+    enqueued = stack.procs.run(["enqueue", str(source), "--max-tokens", MAX_TOKENS], unchecked)
+    assert enqueued.returncode == 0, enqueued.stderr
+    _run(stack, vllm_server)
     counts = stack.store.counts()
     assert (counts.done, counts.failed, counts.retries) == (1, 1, 0)
     [failure] = stack.store.failures().values()
