@@ -27,6 +27,7 @@ class Stats:
     prefill_tokens_computed: int = 0  # prompt tokens not found in the prefix cache
     prefix_cache_queries: int = 0  # prompt tokens looked up, as vLLM counts them
     prefix_cache_hits: int = 0  # of those, tokens found cached
+    hidden_states: int = 0  # hidden-state files written (--hidden-states-model)
     faults: Counter[str] = field(default_factory=Counter)
     generations_by_key: Counter[str] = field(default_factory=Counter)
 

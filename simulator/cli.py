@@ -133,6 +133,22 @@ def simulate(
     log_path: Annotated[
         Path | None, Opt("--log", "--log-path", help="JSONL file, one line per generation end.")
     ] = _DEFAULTS.log_path,
+    hidden_states_model: Annotated[
+        Path | None,
+        Opt(
+            help="Serve vLLM's hidden-state extraction: a token-id completion with max_tokens 1 "
+            "writes this model's real states (transformers, CPU) to a file it names."
+        ),
+    ] = None,
+    hidden_states_dir: Annotated[
+        Path | None, Opt(help="Folder of the hidden-state files (shared_storage_path).")
+    ] = None,
+    hidden_states_layers: Annotated[
+        str, Opt(help="eagle_aux_hidden_state_layer_ids, i,j,k,L (0: embeddings; L: last).")
+    ] = "",
+    hidden_states_wrong_ids: Annotated[
+        bool, Opt("--hidden-states-wrong-ids", help="Fault: echo and write other prompt ids.")
+    ] = False,
 ) -> None:
     """Run the simulator (stand-in for vLLM, not a model)."""
     from simulator.server import serve  # deferred: keeps the main CLI's start-up light
@@ -167,8 +183,12 @@ def simulate(
             abort_requests=abort_requests,
             tool_mismatch_share=tool_mismatch_share,
             log_path=log_path,
+            hidden_states_model=hidden_states_model,
+            hidden_states_dir=hidden_states_dir,
+            hidden_states_layers=[int(p) for p in hidden_states_layers.split(",") if p.strip()],
+            hidden_states_wrong_ids=hidden_states_wrong_ids,
         )
-    except ValidationError as exc:
+    except (ValidationError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     typer.echo(
         f"simulator (stand-in for vLLM, not a model) listening on http://{host}:{port}/v1 "

@@ -50,6 +50,13 @@ class SimConfig(BaseModel):
     # name (simulator/tool_calls.py): a source conversation's calls then do not match.
     tool_mismatch_share: float = Field(default=0.0, ge=0.0, le=1.0)
     log_path: Path | None = None  # JSONL, one line per generation end
+    # vLLM's hidden-state extraction (simulator/hidden_states.py): a token-id completion with
+    # max_tokens 1 writes this model's real states (transformers, CPU) of these layer ids
+    # (eagle_aux_hidden_state_layer_ids) to a file in this folder, named in the answer.
+    hidden_states_model: Path | None = None
+    hidden_states_dir: Path | None = None
+    hidden_states_layers: list[int] = Field(default_factory=list)
+    hidden_states_wrong_ids: bool = False  # a fault: the echo and the file name other ids
 
     @model_validator(mode="after")
     def _check_ranges(self) -> Self:
@@ -58,4 +65,8 @@ class SimConfig(BaseModel):
         # One uniform draw picks at most one fault, so the probabilities share the unit interval.
         if self.p_500 + self.p_429 + self.p_stall + self.p_disconnect > 1.0 + 1e-9:
             raise ValueError("p_500 + p_429 + p_stall + p_disconnect must be <= 1")
+        if self.hidden_states_model is not None and (
+            self.hidden_states_dir is None or not self.hidden_states_layers
+        ):
+            raise ValueError("hidden_states_model needs hidden_states_dir and hidden_states_layers")
         return self

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Mapping
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from simulator import hidden_states
 from simulator.bodies import error_body
 from simulator.delivery import JobResponse, respond_job, stream_job
 from simulator.faults import MID_STREAM_FAULTS, Fault, request_rng
@@ -103,9 +105,32 @@ async def completions(request: Request) -> Response:
     parsed = await _read(request, state, CompletionRequest)
     if isinstance(parsed, Response):
         return parsed
+    if _extraction(state, parsed):
+        return await _hidden_states(state, parsed)
     plan = completion_plan(parsed, state.cfg)
     given = request.headers.get("x-request-id")
     return _admit(state, plan, "completion", parsed.stream, parsed.include_usage, given)
+
+
+def _extraction(state: SimState, parsed: CompletionRequest) -> bool:
+    """A request vLLM's extract_hidden_states server answers with a file: token ids, one
+    token (with a model configured)."""
+    prompt = parsed.prompt
+    is_ids = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], int)
+    return state.hidden is not None and is_ids and parsed.max_tokens == 1
+
+
+async def _hidden_states(state: SimState, parsed: CompletionRequest) -> Response:
+    assert state.hidden is not None
+    ids = [int(i) for i in parsed.prompt]  # type: ignore[arg-type]  # checked: token ids
+    state.stats.hidden_states += 1
+    path, echo = await asyncio.to_thread(state.hidden.extract, ids)
+    job_id = state.new_request_id("hs", "cmpl")
+    body = hidden_states.answer(
+        job_id, int(time.time()), state.cfg.model_name, ids, path, echo,
+        bool(parsed.return_token_ids),
+    )  # fmt: skip
+    return JSONResponse(body)
 
 
 async def abort_requests(request: Request) -> Response:

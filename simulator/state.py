@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import time
 from collections import Counter
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from simulator.admission import Slots
 from simulator.bookkeeping import GenerationLog, Metrics, Stats
@@ -14,6 +14,9 @@ from simulator.config import SimConfig
 from simulator.faults import FaultPlan
 from simulator.jobs import ConfigUpdate, Job
 from simulator.prefix_cache import PrefixCache
+
+if TYPE_CHECKING:
+    from simulator.hidden_states import HiddenStates
 
 EndEvent = Literal["completed", "aborted", "stalled", "disconnected"]
 
@@ -36,6 +39,14 @@ class SimState:
         self._ids = itertools.count(1)
         # Request id -> the task generating it, for POST /inference/v1/abort_requests.
         self.running: dict[str, asyncio.Future[None]] = {}
+        self.hidden: HiddenStates | None = None
+        if cfg.hidden_states_model is not None and cfg.hidden_states_dir is not None:
+            from simulator.hidden_states import HiddenStates  # torch only when asked for
+
+            self.hidden = HiddenStates(
+                cfg.hidden_states_model, cfg.hidden_states_dir, cfg.hidden_states_layers,
+                cfg.hidden_states_wrong_ids,
+            )  # fmt: skip
 
     def new_request_id(self, key: str, prefix: str = "chatcmpl", given: str | None = None) -> str:
         """The request's id: ``<prefix>-<X-Request-Id>`` where the client chose one (as vLLM
@@ -121,4 +132,5 @@ class SimState:
             "prefix_cache_hits": s.prefix_cache_hits,
             "prefix_cache_blocks": len(self.cache),
             "max_num_seqs": self.slots.capacity,
+            "hidden_states": s.hidden_states,
         }
