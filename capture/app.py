@@ -4,7 +4,8 @@ A second worker kind beside generation's: the broker package's app on its own qu
 (``EAGLEGEN_CAPTURE_QUEUE``), generation's task adapter under its own task name, and one target
 model per process that every task thread's rows share through the batcher
 (``capture/parts.py``, loaded only in a worker: an enqueue imports neither torch nor
-transformers).
+transformers). ``--backend vllm`` takes the states from vLLM capture servers instead
+(``capture/vllm_backend.py``): the model folder is then read for its config and final norm only.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from common.settings import Settings
 from worker.tasks import connect_signals, register_tasks
 
 if TYPE_CHECKING:
-    from capture.parts import CaptureParts
+    from capture.parts import CaptureParts, Target
     from capture.processor import RowProcessor
 
 
@@ -31,10 +32,13 @@ def capture_settings(settings: Settings) -> Settings:
 class CaptureApp(BrokerApp):
     """The broker's app for capture: publishes capture tasks and, in a worker, runs them."""
 
-    def __init__(self, settings: Settings, model_dir: str | None, device: str) -> None:
+    def __init__(
+        self, settings: Settings, model_dir: str | None, device: str, backend: str = "transformers"
+    ) -> None:
         super().__init__(capture_settings(settings))
         self.model_dir = model_dir
         self.device = device
+        self.capture_backend = backend
         self._parts: CaptureParts | None = None
         self._parts_lock = threading.Lock()
 
@@ -44,12 +48,22 @@ class CaptureApp(BrokerApp):
             if self._parts is None:
                 if self.model_dir is None:
                     raise RuntimeError("a capture app without --model cannot run tasks")
-                from capture.forward import TargetModel
                 from capture.parts import CaptureParts
 
-                model = TargetModel(self.model_dir, self.device)
-                self._parts = CaptureParts(self.settings, model, self.publish_samples)
+                self._parts = CaptureParts(
+                    self.settings, self._target(self.model_dir), self.publish_samples,
+                    batched=self.capture_backend == "transformers",
+                )  # fmt: skip
             return self._parts
+
+    def _target(self, model_dir: str) -> Target:
+        if self.capture_backend == "vllm":
+            from capture.vllm_backend import VllmForward
+
+            return VllmForward(self.settings, model_dir)
+        from capture.forward import TargetModel
+
+        return TargetModel(model_dir, self.device)
 
     def processor(self) -> RowProcessor:
         """The task's view: the processor, with leases renewed."""
@@ -74,10 +88,11 @@ class CaptureApp(BrokerApp):
 
 
 def create_capture_app(
-    settings: Settings, model_dir: str | None = None, device: str = "cpu"
-) -> CaptureApp:
+    settings: Settings, model_dir: str | None = None, device: str = "cpu",
+    backend: str = "transformers",
+) -> CaptureApp:  # fmt: skip
     """A configured capture app; connects to nothing, loads no model until a task needs it."""
-    app = CaptureApp(settings, model_dir, device)
+    app = CaptureApp(settings, model_dir, device, backend)
     register_tasks(app, app.settings, app.processor, app.publish_samples, name=CAPTURE_TASK)
     connect_signals(app, app._started, lambda: None, app._shut_down)
     return app

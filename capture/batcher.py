@@ -13,10 +13,34 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from capture.forward import States
 
 Forward = Callable[[list[list[int]], tuple[int, int, int]], list[States]]
+
+
+class Runner(Protocol):
+    """What the row processor asks for one row's states."""
+
+    def run(self, ids: list[int], aux: tuple[int, int, int]) -> States: ...
+
+    def close(self) -> None: ...
+
+
+class Unbatched:
+    """Each row's forward in its own task thread: for a backend that batches elsewhere (vLLM
+    servers), so one row's error is its own, not its batch's."""
+
+    def __init__(self, forward: Forward) -> None:
+        self.forward = forward
+
+    def run(self, ids: list[int], aux: tuple[int, int, int]) -> States:
+        """This row's states."""
+        return self.forward([ids], aux)[0]
+
+    def close(self) -> None:
+        """Nothing runs in the background."""
 
 
 @dataclass

@@ -1,15 +1,15 @@
-"""One capture worker process's parts: the model, the batcher, leases, reconciler, writers."""
+"""One capture worker process's parts: the target, the batcher, leases, reconciler, writers."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
-from capture.batcher import Batcher
-from capture.forward import TargetModel
+from capture.batcher import Batcher, Runner, Unbatched
+from capture.forward import States
 from capture.manifest import ManifestWriters
 from capture.processor import RowProcessor, RunView
 from capture.store import CaptureStore
@@ -21,15 +21,31 @@ from worker.pipeline.reconcile import ReconcilerLoop
 from worker.pipeline.ticker import Ticker
 
 
+class Target(Protocol):
+    """Where states come from: a model loaded here (``capture/forward.py``) or vLLM capture
+    servers (``capture/vllm_backend.py``)."""
+
+    layers: int
+
+    def forward(self, batch: list[list[int]], aux: tuple[int, int, int]) -> list[States]: ...
+
+
 class CaptureParts:
     """One capture process's parts, wired; threads start in ``start()``."""
 
-    def __init__(self, settings: Settings, model: TargetModel, hand_back: Any) -> None:
+    def __init__(
+        self, settings: Settings, model: Target, hand_back: Any, batched: bool = True
+    ) -> None:
         self.settings = settings
         self.redis: redis.Redis = connect(settings.redis_url, settings.redis_sentinel_master)
         self.leases = LeaseKeeper(RunStores(self.redis, settings.key_prefix), settings.lease_ttl)
         linger = settings.capture_linger if settings.concurrency > 1 else 0.0
-        self.batcher = Batcher(model.forward, settings.capture_token_budget, linger)
+        # Servers batch their requests themselves: each row then goes on its own.
+        self.batcher: Runner = (
+            Batcher(model.forward, settings.capture_token_budget, linger)
+            if batched
+            else Unbatched(model.forward)
+        )
         self.model = model
         self._views: dict[str, RunView] = {}
         self._lock = threading.Lock()
@@ -65,6 +81,9 @@ class CaptureParts:
         self._flusher.close()
         self.leases.close()
         self.batcher.close()
+        closer = getattr(self.model, "close", None)  # the vLLM backend's connections
+        if closer is not None:
+            closer()
         self._flush()
         self.redis.close()
 

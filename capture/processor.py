@@ -1,9 +1,10 @@
 """Capturing one row under its lease: the work behind each capture task message.
 
-The row's states come from the batcher (one forward pass for many rows), its file is written
-atomically, and its manifest line is stored with the generation store's script, which ends the
-lease; the manifest writer then appends it. A worker killed at any point leaves at most a
-temporary file, and the row runs again once its lease expires.
+The row's states come from the batcher (one forward pass for many rows) or, with the vLLM
+backend, from a capture server; its file is written atomically, and its manifest line is
+stored with the generation store's script, which ends the lease; the manifest writer then
+appends it. A worker killed at any point leaves at most a temporary file, and the row runs
+again once its lease expires.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from capture.batcher import Batcher
+from capture.batcher import Runner
 from capture.files import Written, write_atomic
 from capture.layers import LayerPlan, plan
 from capture.layouts import encode, relative_path, written_by
@@ -53,7 +54,7 @@ class RowProcessor:
     """Takes a row's lease, captures its states, writes its file, stores its manifest line."""
 
     def __init__(
-        self, views: Callable[[str], RunView], batcher: Batcher, leases: LeaseKeeper,
+        self, views: Callable[[str], RunView], batcher: Runner, leases: LeaseKeeper,
         settings: Settings,
     ) -> None:  # fmt: skip
         self.views = views

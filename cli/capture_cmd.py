@@ -64,22 +64,31 @@ def enqueue(
 def worker(
     model: Annotated[Path, typer.Option(help="Target model folder (transformers).")],
     device: Annotated[str, typer.Option(help="cpu or cuda:N.")] = "cpu",
+    backend: Annotated[
+        str, typer.Option(help="transformers (the model loaded here) or vllm (capture servers).")
+    ] = "transformers",
     concurrency: Annotated[
         int | None, typer.Option(min=1, help="Rows in flight (the largest batch).")
     ] = None,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
 ) -> None:
-    """Start a capture worker: the model loaded once, rows batched by token budget."""
+    """Start a capture worker: the model loaded once, rows batched by token budget (or, with
+    --backend vllm, each row sent to the capture servers of EAGLEGEN_ENDPOINTS)."""
     from capture.app import create_capture_app
     from common.logs import setup_logging
 
     if device != "cpu" and not device.startswith("cuda"):
         fail(f"--device must be cpu or cuda:N, not {device!r}", 2)
+    if backend not in ("transformers", "vllm"):
+        fail(f"--backend must be transformers or vllm, not {backend!r}", 2)
     settings = load_settings(concurrency=concurrency or 8)
     setup_logging(settings, loglevel.upper())
     wait_for_redis(settings)
-    app = create_capture_app(settings, str(model), device)
-    app.parts()  # the model is loaded before the first message is taken
+    app = create_capture_app(settings, str(model), device, backend)
+    try:
+        app.parts()  # the model is loaded before the first message is taken
+    except ConfigError as exc:
+        fail(str(exc))
     app.worker_main(
         [
             "worker", f"--concurrency={settings.concurrency}", "--pool=threads",

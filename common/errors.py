@@ -156,3 +156,10 @@ class NotOurs(PermanentError):
     """A file at a capture file's path was not written by EagleGen: left as it is."""
 
     kind = "not_ours"
+
+
+class CaptureMismatch(PermanentError):
+    """A capture server's hidden states do not fit the run (other layers, dtype or width):
+    the server was started for another layout or model."""
+
+    kind = "capture_mismatch"

@@ -146,6 +146,11 @@ class Settings(BaseSettings):
     # Padded tokens (rows x the longest) one forward pass of a capture worker takes at most.
     capture_token_budget: int = Field(default=8192, ge=1)
     capture_linger: float = Field(default=0.02, ge=0)  # seconds a capture batch waits to fill
+    # vLLM backend (capture/vllm_backend.py): the eagle_aux_hidden_state_layer_ids the capture
+    # servers were started with, "i,j,k,L" (unset: exactly the ones the run's layout needs).
+    capture_server_layers: str | None = None
+    # Seconds a row waits for the server's hidden-state file to be whole (its .lock released).
+    capture_lock_timeout: float = Field(default=120.0, gt=0)
 
     @field_validator("endpoints", mode="before")
     @classmethod

@@ -1,0 +1,324 @@
+"""The target's states from vLLM capture servers instead of a model loaded here.
+
+What a vLLM (>= 0.18) server started with ``--speculative-config '{"method":
+"extract_hidden_states", ...}'`` and the ``ExampleHiddenStatesConnector`` writes, as read in
+vLLM's source:
+
+- ``vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py``: a
+  finished request's ``kv_transfer_params`` is ``{"hidden_states_path": FILE}`` (the
+  completion response carries it at the top level), FILE a safetensors file
+  ``{"hidden_states": [n, k, H], "token_ids": [n]}`` (``token_ids``: the prompt's ids). It is
+  written after the response, on a thread, behind ``FILE.lock``: the writer holds an exclusive
+  ``flock`` on it until the file is whole; the client removes both files when done.
+- ``vllm/model_executor/models/extract_hidden_states.py`` and
+  ``vllm/v1/spec_decode/extract_hidden_states.py``: ``k`` is the number of
+  ``eagle_aux_hidden_state_layer_ids``; nothing else (no final layer) is added.
+- ``vllm/model_executor/models/llama.py`` / ``qwen3.py`` via ``EagleModelMixin.
+  _maybe_add_hidden_state`` (``interfaces.py``): id 0 is the embeddings, id ``i`` is
+  ``hidden_states + residual`` after layer ``i - 1``, so id ``L`` is the last layer's output
+  before the final norm: the ``hidden_states`` index space of ``capture/layers.py``. They are
+  appended as the layers run, so the file's layer axis is in ascending id order, each id once,
+  all before the final norm (SpecForge's normed final state is computed here, below).
+
+So the servers must extract the run's aux indices and ``L``; ``EAGLEGEN_CAPTURE_SERVER_LAYERS``
+says which ids they were started with when that is a superset, and a file with another layer
+count, dtype, or other token ids is refused. The worker must see the server's files at the
+path the server names (same node, or the same shared storage mounted at the same path).
+
+Endpoints: each row goes to the next endpoint in turn with a free place under its configured
+cap (``EAGLEGEN_MAX_INFLIGHT`` / ``EAGLEGEN_ENDPOINT_CAPS``), counted in this process only: not
+the generation workers' Redis-wide caps, routing or health tracking.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from capture.forward import States
+from common import errors
+from common.logs import secrets_of
+from common.settings import Settings
+from worker.chat import transport
+from worker.chat.client import status_error, translate_errors
+
+RESPONSE_BODY = 1 << 24  # a completion whose prompt ids are echoed: ~6 bytes a token
+LOCK_POLL = 0.02  # seconds between looks at a lock still held
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """What the worker reads of the target's folder: layers, dtype, and its final norm."""
+
+    layers: int
+    hidden: int
+    dtype: torch.dtype
+    norm_weight: torch.Tensor
+    eps: float
+
+    @classmethod
+    def read(cls, model_dir: str) -> TargetConfig:
+        """From ``config.json`` and the safetensors holding ``model.norm.weight``."""
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        name = config.get("torch_dtype") or config.get("dtype") or "float32"
+        dtype = getattr(torch, str(name), None)
+        if not isinstance(dtype, torch.dtype):
+            raise errors.ConfigError(f"{model_dir}: config.json names no torch dtype: {name!r}")
+        weight = _norm_weight(Path(model_dir))
+        return cls(
+            int(config["num_hidden_layers"]), int(config["hidden_size"]), dtype,
+            weight.to(dtype), float(config.get("rms_norm_eps", 1e-6)),
+        )  # fmt: skip
+
+    def final_norm(self, pre: torch.Tensor) -> torch.Tensor:
+        """The target's final RMSNorm as transformers' Llama/Qwen ``RMSNorm`` computes it
+        (in float32, cast back before the weight); ``weight * x``, not Gemma's ``1 + w``."""
+        x = pre.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.norm_weight * x.to(pre.dtype)
+
+
+def _norm_weight(model_dir: Path) -> torch.Tensor:
+    from safetensors import safe_open
+
+    key = "model.norm.weight"
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        where = json.loads(index.read_text())["weight_map"].get(key)
+        files = [model_dir / where] if where else []
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            if key in f.keys():  # noqa: SIM118 (safe_open has no __contains__)
+                weight: torch.Tensor = f.get_tensor(key)
+                return weight
+    raise errors.ConfigError(f"{model_dir}: no {key} in its safetensors (the final norm)")
+
+
+def server_layers(settings: Settings, aux: tuple[int, int, int], layers: int) -> list[int]:
+    """The ids the servers extract, ascending (the file's layer order); checked to hold the
+    run's aux indices and the last layer ``L`` (pre-norm final state)."""
+    needed = sorted({*aux, layers})
+    text = settings.capture_server_layers
+    if not text:
+        return needed
+    try:
+        given = sorted({int(p) for p in text.split(",") if p.strip()})
+    except ValueError:
+        msg = f"EAGLEGEN_CAPTURE_SERVER_LAYERS: not integers: {text!r}"
+        raise errors.CaptureMismatch(msg) from None
+    missing = [h for h in needed if h not in given]
+    if missing:
+        raise errors.CaptureMismatch(
+            f"the capture servers extract layers {given} but this run needs {needed} "
+            f"(missing {missing}): restart them with eagle_aux_hidden_state_layer_ids {needed}"
+        )
+    return given
+
+
+class _Endpoints:
+    """Round robin over the endpoints, each with at most its cap of rows in flight here."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.urls = list(settings.endpoints)
+        self.caps = {u: settings.cap_for(u) for u in self.urls}
+        self.busy = dict.fromkeys(self.urls, 0)
+        self._next = 0
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def borrow(self) -> Iterator[str]:
+        with self._cond:
+            url = self._free()
+            while url is None:
+                self._cond.wait()
+                url = self._free()
+            self.busy[url] += 1
+        try:
+            yield url
+        finally:
+            with self._cond:
+                self.busy[url] -= 1
+                self._cond.notify()
+
+    def _free(self) -> str | None:
+        for step in range(len(self.urls)):
+            url = self.urls[(self._next + step) % len(self.urls)]
+            if self.busy[url] < self.caps[url]:
+                self._next = (self._next + step + 1) % len(self.urls)
+                return url
+        return None
+
+
+class VllmForward:
+    """``Forward`` (``capture/batcher.py``) answered by vLLM capture servers, row by row."""
+
+    def __init__(self, settings: Settings, model_dir: str) -> None:
+        self.settings = settings
+        self.target = TargetConfig.read(model_dir)
+        self.layers = self.target.layers
+        self._endpoints = _Endpoints(settings)
+        headers = {
+            "Authorization": f"Bearer {settings.api_key_value()}",  # vLLM expects one, even unset
+            "Content-Type": "application/json",
+        }
+        timeouts = (settings.connect_timeout, settings.stall_timeout)
+        self._http = {
+            url: transport.Connections(url, headers, *timeouts, max_idle=settings.concurrency)
+            for url in settings.endpoints
+        }
+        self._models: dict[str, str] = {}
+        self._secrets = secrets_of(settings)
+        self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="capture-vllm")
+
+    def forward(self, batch: list[list[int]], aux: tuple[int, int, int]) -> list[States]:
+        """Each row's states, the rows sent concurrently; the first error is raised."""
+        ids = server_layers(self.settings, aux, self.layers)
+        futures = [self._pool.submit(self.row, row, aux, ids) for row in batch]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        """Close the connections (rows in flight finish first)."""
+        self._pool.shutdown(wait=True)
+        for conn in self._http.values():
+            conn.close()
+
+    def row(self, ids: list[int], aux: tuple[int, int, int], extracted: list[int]) -> States:
+        """One row: request, wait for the file, check the ids, read it; the file is removed
+        whatever happens (once whole: a file removed mid-write would be written anew)."""
+        with self._endpoints.borrow() as url:
+            path, echoed = self._request(url, ids)
+        try:
+            _wait_unlocked(path, self.settings.capture_lock_timeout)
+            if echoed is not None and echoed != ids:
+                raise errors.BadResponse(f"{url}: the server echoed other prompt ids than the row")
+            data = _load(path, url)
+        finally:
+            _remove(path)
+        return self._states(data, ids, aux, extracted, url)
+
+    def _request(self, url: str, ids: list[int]) -> tuple[str, list[int] | None]:
+        body = {
+            "model": self._model(url), "prompt": ids, "max_tokens": 1, "temperature": 0.0,
+            "return_token_ids": True,
+        }  # fmt: skip
+        conn, deadline = self._http[url], self.settings.max_request_time
+        with translate_errors(url, self._secrets):
+            status, content = conn.post(
+                f"{url}/completions", json.dumps(body).encode(), deadline, RESPONSE_BODY
+            )
+            if status != 200:
+                raise status_error(status, content, url, self._secrets)
+            answer = json.loads(content)
+        return _path_and_echo(answer, url)
+
+    def _model(self, url: str) -> str:
+        if self.settings.model:
+            return self.settings.model
+        if url not in self._models:
+            with translate_errors(url, self._secrets):
+                status, content = self._http[url].get(
+                    f"{url}/models", self.settings.probe_timeout, 1 << 20
+                )
+                if status != 200:
+                    raise status_error(status, content, url, self._secrets)
+                self._models[url] = str(json.loads(content)["data"][0]["id"])
+        return self._models[url]
+
+    def _states(
+        self, data: dict[str, torch.Tensor], ids: list[int], aux: tuple[int, int, int],
+        extracted: list[int], url: str,
+    ) -> States:  # fmt: skip
+        hs, tokens = data.get("hidden_states"), data.get("token_ids")
+        if hs is None or tokens is None:
+            raise errors.BadResponse(f"{url}: the hidden-state file lacks hidden_states/token_ids")
+        if tokens.tolist() != ids:
+            raise errors.BadResponse(f"{url}: the hidden-state file holds other token ids")
+        want = (len(ids), len(extracted), self.target.hidden)
+        if tuple(hs.shape) != want:
+            raise errors.CaptureMismatch(
+                f"{url}: hidden_states {list(hs.shape)}, expected {list(want)} (tokens, layers "
+                f"{extracted}, hidden): start the server with eagle_aux_hidden_state_layer_ids "
+                f"{extracted} or set EAGLEGEN_CAPTURE_SERVER_LAYERS to its ids"
+            )
+        if hs.dtype != self.target.dtype:  # never cast: the trainer gets the model's own values
+            raise errors.CaptureMismatch(
+                f"{url}: hidden states in {hs.dtype}, the model is {self.target.dtype}: "
+                "start the server with --dtype matching config.json"
+            )
+        where = {h: k for k, h in enumerate(extracted)}
+        pre = hs[:, where[self.layers]].clone()
+        picked = torch.stack([hs[:, where[h]] for h in aux], dim=1).clone()
+        return States(picked, pre, self.target.final_norm(pre))
+
+
+def _path_and_echo(answer: Any, url: str) -> tuple[str, list[int] | None]:
+    """The file's path and the echoed prompt ids (None: not echoed; the file's are checked)."""
+    if not isinstance(answer, dict):
+        raise errors.BadResponse(f"{url}: the completion is not a JSON object")
+    choices = answer.get("choices") or [{}]
+    echoed = choices[0].get("prompt_token_ids") or answer.get("prompt_token_ids")
+    params = answer.get("kv_transfer_params") or {}
+    path = params.get("hidden_states_path") if isinstance(params, dict) else None
+    if not isinstance(path, str) or not path:
+        raise errors.BadResponse(
+            f"{url}: no kv_transfer_params.hidden_states_path: is the server started with the "
+            "extract_hidden_states speculative config and ExampleHiddenStatesConnector?"
+        )
+    return path, None if echoed is None else [int(i) for i in echoed]
+
+
+def _wait_unlocked(path: str, timeout: float) -> None:
+    """Until ``path.lock`` is gone or no longer held (vLLM releases its flock when the file is
+    whole; older writers remove the lock file instead)."""
+    deadline = time.monotonic() + timeout
+    lock = path + ".lock"
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+        finally:
+            os.close(fd)
+        if time.monotonic() > deadline:
+            raise errors.TimeoutError_(f"{path}: still locked after {timeout:g}s")
+        time.sleep(LOCK_POLL)
+
+
+def _load(path: str, url: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path, device="cpu")
+    except FileNotFoundError:
+        raise errors.BadResponse(
+            f"{url}: {path} not found here: the worker must see the server's files at the same "
+            "path (same node or shared storage)"
+        ) from None
+    except Exception as exc:  # a torn or foreign file: safetensors raises its own errors
+        raise errors.BadResponse(f"{url}: {path} unreadable: {exc}") from None
+
+
+def _remove(path: str) -> None:
+    for name in (path, path + ".lock"):
+        with suppress(FileNotFoundError):
+            os.remove(name)
