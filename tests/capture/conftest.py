@@ -57,9 +57,10 @@ class CaptureStack:
     def store(self, run: str) -> CaptureStore:
         return CaptureStore(connect(self.redis_url), "eaglegen", run)
 
-    def worker(self, concurrency: int = 4, **extra: str) -> Child:
+    def worker(self, concurrency: int = 4, *more: str, **extra: str) -> Child:
         args = ["capture", "worker", "--model", str(self.model_dir), "--concurrency"]
-        return self.procs.start("capture-worker", [*args, str(concurrency)], {**self.env, **extra})
+        argv = [*args, str(concurrency), *more]
+        return self.procs.start("capture-worker", argv, {**self.env, **extra})
 
     def enqueue(self, tokenized: Path, run: str, out: Path, layout: str, *more: str) -> Any:
         args = ["capture", "enqueue", str(tokenized), "--run", run, "--out", str(out)]
