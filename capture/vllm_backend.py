@@ -5,11 +5,12 @@ What a vLLM (>= 0.18) server started with ``--speculative-config '{"method":
 vLLM's source:
 
 - ``vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py``: a
-  finished request's ``kv_transfer_params`` is ``{"hidden_states_path": FILE}`` (the
-  completion response carries it at the top level), FILE a safetensors file
-  ``{"hidden_states": [n, k, H], "token_ids": [n]}`` (``token_ids``: the prompt's ids). It is
+  finished request's ``kv_transfer_params`` is ``{"hidden_states_path": FILE}``, FILE a
+  safetensors file ``{"hidden_states": [n, k, H], "token_ids": [n]}`` (the prompt's ids). It is
   written after the response, on a thread, behind ``FILE.lock``: the writer holds an exclusive
   ``flock`` on it until the file is whole; the client removes both files when done.
+- ``vllm/entrypoints/openai/completion/protocol.py``: ``CompletionResponse.kv_transfer_params``
+  at the top level; with ``return_token_ids`` the choice's ``prompt_token_ids``.
 - ``vllm/model_executor/models/extract_hidden_states.py`` and
   ``vllm/v1/spec_decode/extract_hidden_states.py``: ``k`` is the number of
   ``eagle_aux_hidden_state_layer_ids``; nothing else (no final layer) is added.
