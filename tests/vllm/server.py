@@ -117,6 +117,37 @@ def start_server(logs: Path, *options: str, model: Path = MODEL_DIR) -> Server:
     return server
 
 
+def engine_behind_api_server(server: Server, niceness: int = 19) -> list[int]:
+    """Put the server's engine processes (every descendant of the API server) on the API
+    server's core at the lowest priority: the engine's pids.
+
+    On a GPU node the engine computes on the GPU and the API server has a core of its own to
+    turn outputs into stream events as fast as they come. On two shared cores the tiny model's
+    engine runs ahead of the API server (tokens generated that no one was sent yet), and a
+    killed client's unsent tokens then count as waste that a real node would not have. Sharing
+    the API server's core below its priority, the engine computes only while the API server
+    has nothing left to send.
+    """
+    pids, todo = [], [server.proc.pid]
+    while todo:
+        tasks = Path(f"/proc/{todo.pop()}/task")
+        for task in tasks.iterdir() if tasks.exists() else []:
+            found = [int(pid) for pid in (task / "children").read_text().split()]
+            todo += found
+            pids += found
+    core = {min(os.sched_getaffinity(server.proc.pid))}
+    for pid in [server.proc.pid, *pids]:
+        for tid in _threads(pid):  # Linux keeps affinity and niceness per thread
+            os.sched_setaffinity(tid, core)
+            if pid != server.proc.pid:
+                os.setpriority(os.PRIO_PROCESS, tid, niceness)
+    return pids
+
+
+def _threads(pid: int) -> list[int]:
+    return [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+
+
 def stop_server(server: Server) -> None:
     """SIGTERM the server; SIGKILL its process group if any of it outlives 30 s."""
     server.procs.stop_all()

@@ -24,7 +24,15 @@ import pytest
 
 from tests.harness import ROOT, wait_for
 from tests.stack import Stack
-from tests.vllm.server import MODEL_DIR, VENV, Server, report, start_server, stop_server
+from tests.vllm.server import (
+    MODEL_DIR,
+    VENV,
+    Server,
+    engine_behind_api_server,
+    report,
+    start_server,
+    stop_server,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
@@ -59,6 +67,7 @@ def long_server(vllm_installed: None, tmp_path_factory: pytest.TempPathFactory) 
     python = str(VENV / "bin" / "python")
     subprocess.run([python, "-c", ENDLESS, str(MODEL_DIR), str(model)], check=True, timeout=120)
     server = start_server(folder, "--enable-scale-out", "--max-num-seqs", "2", model=model)
+    assert engine_behind_api_server(server), "no engine process under the API server"
     report(f"long-answer vLLM server (2 sequences, --enable-scale-out) ready in "
            f"{server.started_s} s")  # fmt: skip
     yield server
