@@ -28,7 +28,10 @@ path the server names (same node, or the same shared storage mounted at the same
 
 Endpoints: each row goes to the next endpoint in turn with a free place under its configured
 cap (``EAGLEGEN_MAX_INFLIGHT`` / ``EAGLEGEN_ENDPOINT_CAPS``), counted in this process only: not
-the generation workers' Redis-wide caps, routing or health tracking.
+the generation workers' Redis-wide caps or routing (a one-token prefill has no cache to route
+by). An endpoint whose request failed in transport (refused, timed out, 5xx) is passed over
+for ``EAGLEGEN_ENDPOINT_COOLDOWN`` seconds while another one is up, so a dead server does not
+take every other row's attempt.
 """
 
 from __future__ import annotations
@@ -137,8 +140,15 @@ class _Endpoints:
         self.urls = list(settings.endpoints)
         self.caps = {u: settings.cap_for(u) for u in self.urls}
         self.busy = dict.fromkeys(self.urls, 0)
+        self.cooldown = settings.endpoint_cooldown
+        self.down_until = dict.fromkeys(self.urls, 0.0)
         self._next = 0
         self._cond = threading.Condition()
+
+    def failed(self, url: str) -> None:
+        """Pass ``url`` over for the cool-down (unless every endpoint is down)."""
+        with self._cond:
+            self.down_until[url] = time.monotonic() + self.cooldown
 
     @contextmanager
     def borrow(self) -> Iterator[str]:
@@ -156,9 +166,11 @@ class _Endpoints:
                 self._cond.notify()
 
     def _free(self) -> str | None:
+        now = time.monotonic()
+        up = [u for u in self.urls if self.down_until[u] <= now] or self.urls
         for step in range(len(self.urls)):
             url = self.urls[(self._next + step) % len(self.urls)]
-            if self.busy[url] < self.caps[url]:
+            if url in up and self.busy[url] < self.caps[url]:
                 self._next = (self._next + step + 1) % len(self.urls)
                 return url
         return None
@@ -201,7 +213,11 @@ class VllmForward:
         """One row: request, wait for the file, check the ids, read it; the file is removed
         whatever happens (once whole: a file removed mid-write would be written anew)."""
         with self._endpoints.borrow() as url:
-            path, echoed = self._request(url, ids)
+            try:
+                path, echoed = self._request(url, ids)
+            except (errors.ConnectError, errors.TimeoutError_, errors.ServerError):
+                self._endpoints.failed(url)
+                raise
         try:
             _wait_unlocked(path, self.settings.capture_lock_timeout)
             if echoed is not None and echoed != ids:

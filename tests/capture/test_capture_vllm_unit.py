@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from capture.vllm_backend import VllmForward, _wait_unlocked, server_layers
+from capture.vllm_backend import VllmForward, _Endpoints, _wait_unlocked, server_layers
 from common import errors
 from common.settings import Settings
 from tests.capture.helpers import build_model
@@ -57,3 +57,18 @@ def test_a_file_of_other_ids_layers_or_dtype_is_refused(backend: VllmForward):
     half = {**good, "hidden_states": torch.zeros(3, 3, 64, dtype=torch.bfloat16)}
     with pytest.raises(errors.CaptureMismatch, match="dtype"):
         backend._states(half, ids, (2, 3, 3), [2, 3, 6], "u")
+
+
+def test_an_endpoint_that_failed_is_passed_over_while_another_is_up():
+    urls = ["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"]
+    endpoints = _Endpoints(Settings(endpoints=urls, endpoint_cooldown=60))
+
+    def next_url() -> str:
+        with endpoints.borrow() as url:
+            return url
+
+    assert [next_url() for _ in range(4)] == urls * 2  # round robin
+    endpoints.failed(urls[0])
+    assert [next_url() for _ in range(3)] == [urls[1]] * 3
+    endpoints.failed(urls[1])  # every endpoint down: still sent somewhere, in turn
+    assert sorted(next_url() for _ in range(2)) == sorted(urls)
