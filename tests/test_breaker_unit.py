@@ -7,7 +7,7 @@ import pytest
 from common import errors
 from common.models import Failure
 from tests.fakes import FakeStore, sample
-from worker.pipeline.breaker import Breaker
+from worker.pipeline.breaker import Breaker, reset
 
 
 def _fail(store: FakeStore, breaker: Breaker, sample_id: str, kind: str = "400") -> None:
@@ -55,4 +55,14 @@ def test_an_answered_sample_keeps_it_closed():
     store.pending.discard("s19")  # answered: done 1
     for i in range(8):
         _fail(store, breaker, f"s{i}")
+    breaker.check(store)
+
+
+def test_a_breaker_closed_by_retry_failed_is_seen_at_once_by_a_process_that_saw_it_open():
+    store, breaker = _store(20), Breaker(clock=lambda: 0.0)  # the re-read interval never passes
+    for i in range(5):
+        _fail(store, breaker, f"s{i}")
+    with pytest.raises(errors.CircuitOpen):
+        breaker.check(store)
+    reset(store)  # what retry-failed does before it requeues
     breaker.check(store)

@@ -3,7 +3,8 @@
 sent to fail too; each is failed at once with the reason, and ``retry-failed`` (with new
 parameters) closes the breaker again.
 
-The state is one field of the run's meta hash, read at most every ``REREAD_S`` per process.
+The state is one field of the run's meta hash; a closed breaker is read again at most every
+``REREAD_S`` per process, an open one before every sample it fails.
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ class Breaker:
         now = self._clock()
         with self._lock:
             cached = self._seen.get(store.run)
-        if cached is None or now - cached[0] > REREAD_S:
+        # Only "closed" is kept for REREAD_S (a read saved per sample); "open" is read afresh
+        # before it fails a sample, so a breaker that `retry-failed` just closed is seen at once.
+        if cached is None or cached[1] is not None or now - cached[0] > REREAD_S:
             cached = (now, trip_reason(store))
             with self._lock:
                 self._seen[store.run] = cached
