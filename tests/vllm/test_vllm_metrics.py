@@ -33,8 +33,11 @@ def small_server(
     stop_server(server)
 
 
+TRIES = 5  # three in a row once failed on one stretch of stale gauges (each try is ~7 s)
+
+
 def retried(test: Callable[[Stack, Server], None]) -> Callable[[Stack, Server], None]:
-    """Run a gauge-reading test up to three times, each on a fresh run, before failing it.
+    """Run a gauge-reading test up to five times, each on a fresh run, before failing it.
 
     This CPU build's ``/metrics`` gauges lag the scheduler by up to seconds and sometimes stay
     at 0 through a whole ~10 s batch of this tiny model (seen at earlier commits too, whatever
@@ -43,14 +46,14 @@ def retried(test: Callable[[Stack, Server], None]) -> Callable[[Stack, Server], 
 
     @functools.wraps(test)
     def run(stack: Stack, small_server: Server) -> None:
-        for attempt in range(1, 4):
+        for attempt in range(1, TRIES + 1):
             try:
                 test(stack, small_server)
                 report(f"{test.__name__}: passed on try {attempt}")
                 return
             except (AssertionError, TimeoutError) as exc:
                 report(f"{test.__name__}: try {attempt} failed: {str(exc)[:120]}")
-                if attempt == 3:
+                if attempt == TRIES:
                     raise
             stack.procs.stop_all()
             fresh = stack.tmp / f"try-{attempt + 1}"
