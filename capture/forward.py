@@ -54,6 +54,9 @@ class TargetModel:
         self._norm_io["pre"] = args[0]
         self._norm_io["post"] = out
 
+    def close(self) -> None:
+        """Nothing to let go of: the model goes with the process."""
+
     @torch.inference_mode()
     def forward(self, batch: list[list[int]], aux: tuple[int, int, int]) -> list[States]:
         """States of each row of ``batch`` (token ids); ``aux``: ``hidden_states`` indices."""

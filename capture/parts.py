@@ -29,6 +29,8 @@ class Target(Protocol):
 
     def forward(self, batch: list[list[int]], aux: tuple[int, int, int]) -> list[States]: ...
 
+    def close(self) -> None: ...
+
 
 class CaptureParts:
     """One capture process's parts, wired; threads start in ``start()``."""
@@ -81,9 +83,7 @@ class CaptureParts:
         self._flusher.close()
         self.leases.close()
         self.batcher.close()
-        closer = getattr(self.model, "close", None)  # the vLLM backend's connections
-        if closer is not None:
-            closer()
+        self.model.close()
         self._flush()
         self.redis.close()
 

@@ -43,7 +43,6 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,17 +194,15 @@ class VllmForward:
         }
         self._models: dict[str, str] = {}
         self._secrets = secrets_of(settings)
-        self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="capture-vllm")
 
     def forward(self, batch: list[list[int]], aux: tuple[int, int, int]) -> list[States]:
-        """Each row's states, the rows sent concurrently; the first error is raised."""
+        """Each row's states. The worker hands in one row at a time from each task thread
+        (``capture.batcher.Unbatched``): the servers batch the requests themselves."""
         ids = server_layers(self.settings, aux, self.layers)
-        futures = [self._pool.submit(self.row, row, aux, ids) for row in batch]
-        return [f.result() for f in futures]
+        return [self.row(row, aux, ids) for row in batch]
 
     def close(self) -> None:
-        """Close the connections (rows in flight finish first)."""
-        self._pool.shutdown(wait=True)
+        """Close the connections."""
         for conn in self._http.values():
             conn.close()
 
