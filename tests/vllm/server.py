@@ -130,11 +130,10 @@ def engine_behind_api_server(server: Server, niceness: int = 19) -> list[int]:
     """
     pids, todo = [], [server.proc.pid]
     while todo:
-        tasks = Path(f"/proc/{todo.pop()}/task")
-        for task in tasks.iterdir() if tasks.exists() else []:
-            found = [int(pid) for pid in (task / "children").read_text().split()]
-            todo += found
-            pids += found
+        pid = todo.pop()
+        found = [int(c) for t in _threads(pid) for c in _read(f"/proc/{pid}/task/{t}/children")]
+        todo += found
+        pids += found
     core = {min(os.sched_getaffinity(server.proc.pid))}
     for pid in [server.proc.pid, *pids]:
         for tid in _threads(pid):  # Linux keeps affinity and niceness per thread
@@ -145,7 +144,12 @@ def engine_behind_api_server(server: Server, niceness: int = 19) -> list[int]:
 
 
 def _threads(pid: int) -> list[int]:
-    return [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+    tasks = Path(f"/proc/{pid}/task")
+    return [int(task.name) for task in tasks.iterdir()] if tasks.exists() else []
+
+
+def _read(path: str) -> list[str]:
+    return Path(path).read_text().split() if Path(path).exists() else []
 
 
 def stop_server(server: Server) -> None:
