@@ -107,6 +107,9 @@ def _reasoning_tokens(rng: random.Random, thinking: bool, cfg: SimConfig) -> lis
 
 def _content_tokens(rng: random.Random, key: str, cfg: SimConfig) -> list[str]:
     n = rng.randint(cfg.min_answer_tokens, cfg.max_answer_tokens)
+    # A stream of its own: the other answers stay what they are without a tail.
+    if random.Random(f"{key}:long").random() < cfg.long_answer_share:
+        n = cfg.long_answer_tokens
     # The key as first token lets anyone match an answer back to its prompt.
     return [f"[{key}]", *_words(rng, n - 1)]
 

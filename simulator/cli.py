@@ -61,6 +61,12 @@ def simulate(
     max_answer_tokens: Annotated[
         int, Opt(help="Longest answer content, in tokens.")
     ] = _DEFAULTS.max_answer_tokens,
+    long_answer_share: Annotated[
+        float, Opt(help="Share of answers in a long tail (of --long-answer-tokens).")
+    ] = _DEFAULTS.long_answer_share,
+    long_answer_tokens: Annotated[
+        int, Opt(help="Content tokens of the long tail's answers.")
+    ] = _DEFAULTS.long_answer_tokens,
     reasoning_tokens: Annotated[
         int, Opt(help="Upper bound of reasoning length (0: no reasoning).")
     ] = _DEFAULTS.reasoning_tokens,
@@ -163,6 +169,8 @@ def simulate(
             max_model_len=max_model_len,
             min_answer_tokens=min_answer_tokens,
             max_answer_tokens=max_answer_tokens,
+            long_answer_share=long_answer_share,
+            long_answer_tokens=long_answer_tokens,
             reasoning_tokens=reasoning_tokens,
             reasoning_field=reasoning_field.value,
             token_ids=token_ids,

@@ -23,6 +23,10 @@ class SimConfig(BaseModel):
     max_model_len: int = Field(default=4096, ge=2)  # prompt + completion tokens
     min_answer_tokens: int = Field(default=16, ge=1)
     max_answer_tokens: int = Field(default=256, ge=1)
+    # A long tail, as reasoning models' answer lengths have: this share of answers (drawn per
+    # prompt) has long_answer_tokens of content instead. 0 keeps every answer as before.
+    long_answer_share: float = Field(default=0.0, ge=0.0, le=1.0)
+    long_answer_tokens: int = Field(default=1024, ge=1)
     reasoning_tokens: int = Field(default=32, ge=0)  # upper bound; 0 = no reasoning
     reasoning_field: ReasoningField = "reasoning"  # inline = <think>…</think> in content
     token_ids: bool = True  # False: no return_token_ids, no token-id prompts (like SGLang)

@@ -39,6 +39,9 @@ class SimState:
         self._ids = itertools.count(1)
         # Request id -> the task generating it, for POST /inference/v1/abort_requests.
         self.running: dict[str, asyncio.Future[None]] = {}
+        # Aborted by request: their ends are logged so. (One aborted while it waited for a slot
+        # never ends and stays here: as many as such aborts, on a test server.)
+        self.abort_requested: set[str] = set()
         self.hidden: HiddenStates | None = None
         if cfg.hidden_states_model is not None and cfg.hidden_states_dir is not None:
             from simulator.hidden_states import HiddenStates  # torch only when asked for
@@ -57,7 +60,9 @@ class SimState:
 
     def abort(self, request_ids: list[str]) -> int:
         """Stop the named generations (their connections close); how many were running."""
-        found = [self.running.pop(i) for i in request_ids if i in self.running]
+        ids = [i for i in request_ids if i in self.running]
+        found = [self.running.pop(i) for i in ids]
+        self.abort_requested.update(ids)
         for task in found:
             task.cancel()
         self.stats.aborted_by_request += len(found)
@@ -96,6 +101,8 @@ class SimState:
         # vLLM caches the blocks of generated tokens too: a next turn can hit them.
         self.cache.insert(job.prompt_ids + job.ids_of(0, sent))
         finish = job.output.finish_reason if event == "completed" else None
+        by_request = job.request_id in self.abort_requested
+        self.abort_requested.discard(job.request_id)
         if finish is not None:
             self.stats.completed += 1
             self.stats.generations_by_key[job.key] += 1
@@ -106,9 +113,11 @@ class SimState:
             {
                 "ts": time.time(),
                 "key": job.key,
+                "request_id": job.request_id,
                 "event": event,
                 "completion_tokens": sent,
                 "finish_reason": finish,
+                "abort_requested": by_request,
             }
         )
 

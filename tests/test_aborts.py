@@ -4,8 +4,10 @@ broken streams a worker aborts itself (in-memory fakes)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -52,9 +54,11 @@ def _ref(sim: Sim, server_id: str, **more: Any) -> RequestRef:
 
 
 def test_the_simulator_stops_the_named_generation_and_closes_its_stream(
-    start_sim: Callable[..., Sim], rdb: Any
+    start_sim: Callable[..., Sim], rdb: Any, tmp_path: Path
 ) -> None:
-    sim = start_sim(time_per_token=0.05, min_answer_tokens=200, max_answer_tokens=200)
+    log = tmp_path / "sim.jsonl"
+    sim = start_sim(time_per_token=0.05, min_answer_tokens=200, max_answer_tokens=200,
+                    log_path=log)  # fmt: skip
     kept, stopped = [], []
     threads = [_stream(sim.url, "keep", kept), _stream(sim.url, "stop", stopped)]
     stats = f"{sim.url}/sim/stats"
@@ -70,6 +74,10 @@ def test_the_simulator_stops_the_named_generation_and_closes_its_stream(
     assert found["aborted_by_request"] == 1 and found["completed"] == 1
     assert rdb.hmget(store.keys.counters, ["aborted", "abort_saved_tokens"]) == ["1", "500"]
     assert AbortSupport.shown(rdb, "eaglegen") == {f"{sim.url}/v1": "on"}
+    # The log tells an end by abort request from a client gone (make chaos counts them).
+    ends = [json.loads(line) for line in log.read_text().splitlines()]
+    pairs = {(e["event"], e["abort_requested"]) for e in ends}
+    assert pairs == {("aborted", True), ("completed", False)}
 
 
 def test_a_server_that_refuses_is_learned_once_and_not_asked_again(

@@ -104,6 +104,17 @@ def test_answer_lengths_stay_within_the_configured_bounds() -> None:
         assert answer.finish_reason == "stop"
 
 
+def test_a_long_tail_lengthens_its_share_of_answers_and_keeps_the_others() -> None:
+    plain = SimConfig(min_answer_tokens=3, max_answer_tokens=7)
+    tail = plain.model_copy(update={"long_answer_share": 0.25, "long_answer_tokens": 50})
+    pairs = [(expected_answer(chat(str(i)), None, plain),
+              expected_answer(chat(str(i)), None, tail)) for i in range(400)]  # fmt: skip
+    long = [t for _, t in pairs if len(t.content_tokens) == 50]
+    assert 60 <= len(long) <= 140  # a quarter of 400, give or take
+    # The rest are the answers without a tail, word for word.
+    assert all(p == t for p, t in pairs if len(t.content_tokens) != 50)
+
+
 def test_max_tokens_truncates_the_answer_with_finish_reason_length() -> None:
     full = expected_answer(chat("q"), None, CFG)
     cut = expected_answer(chat("q"), full.completion_tokens - 1, CFG)
