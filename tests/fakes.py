@@ -239,9 +239,13 @@ class FakeClient:
         self.calls: list[list[dict[str, Any]]] = []
         self.options: list[dict[str, Any]] = []  # each call's turn, resume and progress
         self.probe_error = probe_error
+        self.continuing: bool | None = None  # what continues() says: learned or not
 
     def model(self) -> str:
         return "m"
+
+    def continues(self) -> bool | None:
+        return self.continuing
 
     def probe(self, timeout: float | None = None) -> None:
         if self.probe_error is not None:
@@ -272,6 +276,9 @@ class FakeEndpoints:
     ) -> Iterator[FakeClient]:
         self.hints.append(hint)
         yield self.client
+
+    def resume_at(self, endpoint: str, key: str) -> str | None:
+        return endpoint
 
 
 class FakeObserver:

@@ -96,7 +96,7 @@ def test_a_broken_turn_resumed_from_its_ids_equals_the_unbroken_one(
     assert (checkpoint.reasoning + checkpoint.content).strip()
     resumed = client.complete(ask(), params, turn=0, resume=checkpoint)
     same_turn(resumed, unbroken, settled)
-    assert client.completions is True
+    assert client.completions is True and client.continues() is True
     # No token generated twice, bar the one a boundary checkpoint left out.
     assert sim.stats()["tokens_generated"] == len(unbroken.token_ids) + (k - settled)
 
@@ -253,6 +253,7 @@ def test_a_server_that_ignores_continuations_never_gets_its_answer_joined_to_the
     assert client.chat_continues is False
     if ids == "on the server":
         assert client.completions is False  # its echoed prompt was not the one sent
+    assert client.continues() is False  # routing sends its checkpoints elsewhere
 
 
 def test_a_continuation_answered_afresh_is_refused_at_its_first_text() -> None:

@@ -227,3 +227,18 @@ def test_a_release_wakes_the_first_come_of_those_who_can_use_its_slot():
     for thread in threads:
         thread.join(5)
     assert woke == ["any", A, B]
+
+
+def test_a_checkpoint_continues_on_its_server_unless_that_one_cannot_continue_it():
+    C = "http://c/v1"
+    pool, _ = _pool({A: 2, B: 2, C: 2})
+    assert pool.resume_at(A, "k") == A  # not learned yet: its cache holds the prefix
+    pool.clients[A].continuing = True
+    assert pool.resume_at(A, "k") == A
+    pool.clients[A].continuing = False  # it answered a continuation afresh
+    assert pool.resume_at(A, "k") in (B, C)  # one not known not to continue
+    pool.clients[C].continuing = True
+    assert pool.resume_at(A, "k") == C  # one proven to continue first
+    pool.clients[B].continuing = pool.clients[C].continuing = False
+    assert pool.resume_at(A, "k") is None  # none can: no preference, it starts again
+

@@ -157,6 +157,31 @@ def test_a_server_that_ignores_continuations_gets_no_record_corrupted(
     assert _ids(records) == _ids(expected)
 
 
+def test_a_checkpoint_a_server_cannot_continue_goes_to_one_that_can(
+    stack: Stack, redis_url, tmp_path
+):
+    # A drops every first attempt and answers continuations afresh; B continues them. Once a
+    # worker has learned that of A, the checkpoints of A's broken turns continue on B, exactly,
+    # rather than go back to A (their prefix's server) and start again.
+    source = _prompts(tmp_path, 16)
+    expected = reference(stack.procs, redis_url, tmp_path, source)
+    a = start_simulator(stack.procs, "--disconnect-first", "1", "--ignore-continuations")
+    b = start_simulator(stack.procs)
+    stack.env["EAGLEGEN_ENDPOINTS"] = f"{a.endpoint},{b.endpoint}"
+    stack.worker(concurrency=1, EAGLEGEN_CHECKPOINT_TOKENS="16")
+    stack.collector()
+    stack.enqueue(source)
+    stack.wait_complete()
+    records = stack.lines()
+
+    assert _ids(records) == _ids(expected) and _texts(records) == _texts(expected)
+    turns = [t for ts in _turns(records).values() for t in ts]
+    moved = [t for t in turns if t["resumed_from_tokens"] and t["endpoint"] == b.endpoint]
+    assert moved, [(t["endpoint"], t["resumed_from_tokens"]) for t in turns]
+    # Only A breaks turns, and A continues none: every resumed turn was continued on B.
+    assert all(t["endpoint"] == b.endpoint for t in turns if t["resumed_from_tokens"])
+
+
 def test_resume_off_generates_a_broken_turn_again_from_the_start(stack: Stack, redis_url, tmp_path):
     expected = reference(stack.procs, redis_url, tmp_path, PROMPTS, "--limit", "4")
     url, _ = _dropped_run(stack, "4", (), EAGLEGEN_RESUME="off")

@@ -288,6 +288,14 @@ class ChatClient:
         self.ids.answered(result)
         return result
 
+    def continues(self) -> bool | None:
+        """Whether this endpoint continues a checkpoint: proven (a token-id continuation it
+        echoed exactly, or the chat probe), known not to (both tried), or None: not learned."""
+        if self.completions or self.chat_continues:
+            return True
+        no_ids = self.completions is False or self.ids.mode == "off"
+        return False if no_ids and self.chat_continues is False else None
+
     def _resumable(self, resume: Checkpoint, model: str) -> bool:
         """Whether to continue from ``resume``: resume on, tokens to continue, the same model
         (another model's tokens are no prefix of this one's answer)."""

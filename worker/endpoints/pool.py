@@ -33,7 +33,7 @@ from worker.chat.client import ChatClient, Check, Messages, Progress
 from worker.endpoints.capacity import CapacityUnavailable, FreeSignal, Routed, Slot, SlotTable
 from worker.endpoints.health import EndpointHealth, counts_against
 from worker.endpoints.ratelimit import RateLimiter
-from worker.endpoints.routing import Route, RouteHint, plan
+from worker.endpoints.routing import Route, RouteHint, plan, rendezvous
 
 log = logging.getLogger("eaglegen.endpoints")
 
@@ -130,6 +130,18 @@ class EndpointPool:
                 self._release(slot)
                 raise
         return slot
+
+    def resume_at(self, endpoint: str, key: str) -> str | None:
+        """Where a turn continues its checkpoint from ``endpoint``: there (its prefix is in
+        that server's cache) unless that server is known not to continue one; then the first
+        server in ``key``'s order proven to continue, else one not known not to. None: none."""
+        client = self.clients.get(endpoint)
+        if client is None or client.continues() is not False:
+            return endpoint
+        order = rendezvous(key, {url: self.table.caps.get(url, 1) for url in self.clients})
+        able = [url for url in order if self.clients[url].continues() is not False]
+        proven = [url for url in able if self.clients[url].continues()]
+        return next(iter(proven or able), None)
 
     def _route(self, hint: RouteHint | None) -> Route | None:
         if hint is None or self.settings.routing != "cache":
