@@ -241,4 +241,3 @@ def test_a_checkpoint_continues_on_its_server_unless_that_one_cannot_continue_it
     assert pool.resume_at(A, "k") == C  # one proven to continue first
     pool.clients[B].continuing = pool.clients[C].continuing = False
     assert pool.resume_at(A, "k") is None  # none can: no preference, it starts again
-
