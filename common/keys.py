@@ -83,6 +83,11 @@ class EndpointKeys:
         return self._key("drained")
 
     @property
+    def continuation(self) -> str:
+        """Hash endpoint -> JSON: whether it continues checkpoints, as a worker learned it."""
+        return self._key("continuation")
+
+    @property
     def abort_support(self) -> str:
         """Hash endpoint -> JSON: whether it aborts requests by id, learned once, and why."""
         return self._key("abort_support")

@@ -59,14 +59,14 @@ class FakeTable:
         self.reported[endpoint] = (state, message)
 
 
-def _pool(caps, max_request_time=5.0, failures=2, **routing):
+def _pool(caps, max_request_time=5.0, failures=2, redis=None, **routing):
     settings = Settings(
         endpoints=list(caps), max_request_time=max_request_time, endpoint_failures=failures,
         **routing,
     )  # fmt: skip
     table = FakeTable(caps)
     clients = {url: FakeClient(*[turn()] * 10) for url in caps}
-    return EndpointPool(settings, None, table, clients), table
+    return EndpointPool(settings, redis, table, clients), table
 
 
 def test_each_request_goes_to_the_endpoint_with_the_most_free_slots():
@@ -241,3 +241,13 @@ def test_a_checkpoint_continues_on_its_server_unless_that_one_cannot_continue_it
     assert pool.resume_at(A, "k") == C  # one proven to continue first
     pool.clients[B].continuing = pool.clients[C].continuing = False
     assert pool.resume_at(A, "k") is None  # none can: no preference, it starts again
+
+
+def test_what_one_process_learned_of_continuations_routes_the_checkpoints_of_the_next(rdb):
+    first, _ = _pool({A: 3, B: 2}, redis=rdb)
+    first.clients[A].continuing = False  # A answered a continuation afresh
+    with first.borrow() as client:  # the request that taught it (A: the most free slots)
+        assert client is first.clients[A]
+    later, _ = _pool({A: 3, B: 2}, redis=rdb)  # a worker started afterwards: learned nothing
+    assert later.clients[A].continues() is None
+    assert later.resume_at(A, "k") == B

@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from common.settings import Settings
+from tests.fakes import FakeClient
 from tests.stack import Stack
 from worker.endpoints.capacity import Slot, SlotTable
 from worker.endpoints.pool import EndpointPool
@@ -35,7 +36,8 @@ def _pool(stack: Stack, cap: int = 4, ttl: float = 30.0) -> tuple[EndpointPool, 
     prefix = stack.settings.key_prefix
     settings = Settings(endpoints=[URL], max_inflight=cap, slot_ttl=ttl, key_prefix=prefix)
     table = RacingTable(stack.store.r, prefix, {URL: cap}, ttl)
-    return EndpointPool(settings, stack.store.r, table, {URL: object()}), table  # type: ignore[dict-item]
+    client = FakeClient()
+    return EndpointPool(settings, stack.store.r, table, {URL: client}), table  # type: ignore[dict-item]
 
 
 def _in_flight(table: SlotTable) -> int:

@@ -31,6 +31,7 @@ from common.redact import redact
 from common.settings import Settings
 from worker.chat.client import ChatClient, Check, Messages, Progress
 from worker.endpoints.capacity import CapacityUnavailable, FreeSignal, Routed, Slot, SlotTable
+from worker.endpoints.continuation import ContinuationSupport
 from worker.endpoints.health import EndpointHealth, counts_against
 from worker.endpoints.ratelimit import RateLimiter
 from worker.endpoints.routing import Route, RouteHint, plan, rendezvous
@@ -63,6 +64,7 @@ class EndpointPool:
         self.clients = clients
         self.table = table
         self.health = {url: _health(settings) for url in clients}
+        self.continuation = ContinuationSupport(client, settings.key_prefix)
         self.signal = FreeSignal()
         self._held: set[Slot] = set()
         self._lock = threading.Lock()
@@ -135,13 +137,17 @@ class EndpointPool:
         """Where a turn continues its checkpoint from ``endpoint``: there (its prefix is in
         that server's cache) unless that server is known not to continue one; then the first
         server in ``key``'s order proven to continue, else one not known not to. None: none."""
-        client = self.clients.get(endpoint)
-        if client is None or client.continues() is not False:
+        if endpoint not in self.clients or self._continues(endpoint) is not False:
             return endpoint
         order = rendezvous(key, {url: self.table.caps.get(url, 1) for url in self.clients})
-        able = [url for url in order if self.clients[url].continues() is not False]
-        proven = [url for url in able if self.clients[url].continues()]
+        able = [url for url in order if self._continues(url) is not False]
+        proven = [url for url in able if self._continues(url)]
         return next(iter(proven or able), None)
+
+    def _continues(self, endpoint: str) -> bool | None:
+        """What this process learned of ``endpoint``, else what another one did."""
+        found = self.clients[endpoint].continues()
+        return found if found is not None else self.continuation.get(endpoint)
 
     def _route(self, hint: RouteHint | None) -> Route | None:
         if hint is None or self.settings.routing != "cache":
@@ -233,6 +239,9 @@ class EndpointPool:
 
     # -- endpoint health -----------------------------------------------------------------
     def _record(self, endpoint: str, exc: errors.GenerationError | None) -> None:
+        learned = self.clients[endpoint].continues()
+        if learned is not None:  # a continuation tried on this request: others route by it
+            self.continuation.share(endpoint, learned)
         with self._lock:
             health = self.health[endpoint]
             if exc is None:
