@@ -52,7 +52,9 @@ def extends(checkpoint: Checkpoint, saved: Checkpoint) -> bool:
     Ids only ever grow in a stream; text may not (reasoning split off the answer afterwards):
     compared, the one cost that grows with the turn, a memory compare.
     """
-    for name in ("turn", "endpoint", "model", "resumed_from_tokens", "history_turns", "history"):
+    names = ("turn", "endpoint", "model", "resumed_from_tokens", "discarded_tokens",
+             "history_turns", "history")  # fmt: skip
+    for name in names:
         if getattr(checkpoint, name) != getattr(saved, name):
             return False
     if (checkpoint.token_ids is None) != (saved.token_ids is None):

@@ -159,6 +159,9 @@ class Checkpoint(BaseModel):
     reasoning: str = ""  # the reasoning text so far
     tokens: int = 0  # generated so far: len(token_ids), else about one per text chunk
     resumed_from_tokens: int = 0  # of ``tokens``, how many an earlier checkpoint carried
+    # Tokens of earlier attempts at this turn set aside (checkpoints no server could continue),
+    # carried on so that the record counts every discard, not only the last.
+    discarded_tokens: int = 0
     # Which answered history the turn extends: how many answers came before it and a digest
     # of them (``history_digest``). A checkpoint taken after other answers (a stale worker's)
     # continues another conversation and is discarded, never resumed. None: not recorded.

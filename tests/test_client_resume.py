@@ -256,6 +256,22 @@ def test_a_server_that_ignores_continuations_never_gets_its_answer_joined_to_the
     assert client.continues() is False  # routing sends its checkpoints elsewhere
 
 
+def test_a_turn_set_aside_twice_counts_both_discards(
+    start_sim: Callable[..., Sim], clients: Callable[..., ChatClient]
+) -> None:
+    # A checkpoint that already carries 5 tokens of an earlier attempt set aside, taken to a
+    # server that ignores continuations: the new attempt's checkpoints carry those and the
+    # 9 it sets aside now, and so does the turn.
+    params = GenParams()
+    checkpoint = broken(clients(start_sim(disconnect_first=1, cut_at=9, **ONE)), ask(), params)
+    earlier = checkpoint.model_copy(update={"discarded_tokens": 5})
+    progress = Recorder(every=5)
+    client = clients(start_sim(ignore_continuations=True, time_per_token=0.002, **ONE))
+    done = client.complete(ask(), params, turn=0, resume=earlier, progress=progress)
+    assert done.resumed_from_tokens == 0 and done.discarded_tokens == 5 + 9
+    assert progress.saved and all(c.discarded_tokens == 5 + 9 for c in progress.saved)
+
+
 def test_a_continuation_answered_afresh_is_refused_at_its_first_text() -> None:
     resume = Checkpoint(turn=0, endpoint="e", model="m", prompt_token_ids=[1], token_ids=[2])
     stream = CompletionStream("e", "m", 0, resume, sent=[1, 2])

@@ -260,31 +260,33 @@ class ChatClient:
             resumed = self._continue(messages, params, check, progress, resume, model)
             if resumed is not None:
                 return resumed
-        result = self._fresh(messages, params, check, turn, progress, model, fields)
+        # The checkpoint could not be continued: its tokens are generated again, counted with
+        # those of the turn's earlier attempts set aside.
+        discarded = resume.discarded_tokens + resume.tokens if resume is not None else 0
+        result = self._fresh(messages, params, check, turn, progress, model, fields, discarded)
         if resume is not None and resume.tokens > 0:
-            # The checkpoint could not be continued: its tokens were generated again.
-            result.discarded_tokens = resume.tokens
+            result.discarded_tokens = discarded
             result.discarded_from = resume.endpoint
         return result
 
     def _fresh(
         self, messages: Messages, params: GenParams, check: Check | None, turn: int,
         progress: Progress | None, model: str, fields: dict[str, Any] | None = None,
+        discarded: int = 0,
     ) -> TurnResult:  # fmt: skip
-        """The turn generated from its start on the chat API."""
+        """The turn generated from its start on the chat API (``discarded``: tokens of its
+        earlier attempts set aside, carried in its checkpoints)."""
         ask = self.ids.ask()
         body = chat_body(model, messages, params, ask, fields)
+        stream = TurnStream(self.endpoint, model, turn, discarded=discarded)
         try:
-            result = self._turn(
-                self._chat_url, body, TurnStream(self.endpoint, model, turn), check, progress
-            )
+            result = self._turn(self._chat_url, body, stream, check, progress)
         except errors.BadRequest as exc:
             if not (ask and self.ids.refused(exc)):
                 raise
             body = chat_body(model, messages, params, False, fields)
-            result = self._turn(
-                self._chat_url, body, TurnStream(self.endpoint, model, turn), check, progress
-            )
+            stream = TurnStream(self.endpoint, model, turn, discarded=discarded)
+            result = self._turn(self._chat_url, body, stream, check, progress)
         self.ids.answered(result)
         return result
 

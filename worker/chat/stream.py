@@ -43,13 +43,16 @@ class TurnStream:
     max_event = MAX_EVENT  # bytes; the client sets EAGLEGEN_MAX_EVENT_BYTES
 
     def __init__(
-        self, endpoint: str, model: str = "", turn: int = 0, resume: Checkpoint | None = None
-    ) -> None:
+        self, endpoint: str, model: str = "", turn: int = 0, resume: Checkpoint | None = None,
+        discarded: int = 0,
+    ) -> None:  # fmt: skip
         self.endpoint = endpoint
         self.model = model
         self.turn = turn
         self.resume = resume  # the checkpoint this stream continues, if any
         self.resumed = resume.tokens if resume is not None else 0
+        # Tokens of the turn's earlier attempts set aside: carried on in its checkpoints.
+        self.discarded = resume.discarded_tokens if resume is not None else discarded
         self.done = False  # [DONE] seen: what follows is read (keep-alive) but not parsed
         self.content: list[str] = []
         self.reasoning: list[str] = []
@@ -210,7 +213,7 @@ class TurnStream:
             usage=self._usage(), latency_s=round(latency, 3), endpoint=self.endpoint,
             model=model, prompt_token_ids=prompt_ids, token_ids=ids,
             resumed_from_tokens=self.resumed, tool_calls=calls,
-            token_ids_dropped=self.ids_dropped,
+            token_ids_dropped=self.ids_dropped, discarded_tokens=self.discarded or None,
         )  # fmt: skip
 
     def finished(self) -> TurnResult:
@@ -235,6 +238,7 @@ class TurnStream:
             turn=self.turn, endpoint=self.endpoint, model=self.model,
             prompt_token_ids=prompt_ids, token_ids=ids, content=content, reasoning=reasoning,
             tokens=self.resumed + new, resumed_from_tokens=self.resumed,
+            discarded_tokens=self.discarded,
         )  # fmt: skip
 
     def _texts(self) -> tuple[str, str]:
