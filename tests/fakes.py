@@ -277,9 +277,6 @@ class FakeEndpoints:
         self.hints.append(hint)
         yield self.client
 
-    def resume_at(self, endpoint: str, key: str) -> str | None:
-        return endpoint
-
 
 class FakeObserver:
     def __init__(self) -> None:

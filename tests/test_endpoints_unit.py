@@ -229,18 +229,48 @@ def test_a_release_wakes_the_first_come_of_those_who_can_use_its_slot():
     assert woke == ["any", A, B]
 
 
+def _resumed_on(pool, checkpoint_from):
+    """The endpoint a turn continuing a checkpoint of ``checkpoint_from`` is sent to."""
+    with pool.borrow(hint=RouteHint("k").resuming(checkpoint_from)) as client:
+        return next(url for url, c in pool.clients.items() if c is client)
+
+
 def test_a_checkpoint_continues_on_its_server_unless_that_one_cannot_continue_it():
     C = "http://c/v1"
-    pool, _ = _pool({A: 2, B: 2, C: 2})
-    assert pool.resume_at(A, "k") == A  # not learned yet: its cache holds the prefix
-    pool.clients[A].continuing = True
-    assert pool.resume_at(A, "k") == A
+    pool, _ = _pool({A: 1, B: 3, C: 3})
+    assert _resumed_on(pool, A) == A  # not learned yet: its cache holds the prefix
     pool.clients[A].continuing = False  # it answered a continuation afresh
-    assert pool.resume_at(A, "k") in (B, C)  # one not known not to continue
+    assert _resumed_on(pool, A) in (B, C)  # one not known not to continue
     pool.clients[C].continuing = True
-    assert pool.resume_at(A, "k") == C  # one proven to continue first
-    pool.clients[B].continuing = pool.clients[C].continuing = False
-    assert pool.resume_at(A, "k") is None  # none can: no preference, it starts again
+    assert _resumed_on(pool, A) == C  # one proven to continue first
+    pool.clients[C].continuing = False
+    assert _resumed_on(pool, C) == B
+
+
+def test_a_server_that_cannot_continue_gets_no_checkpoint_while_another_can():
+    pool, _ = _pool({A: 5, B: 1}, affinity_wait=0)
+    pool.clients[A].continuing = False
+    with pool.borrow(hint=RouteHint("k").resuming(B)) as first:
+        assert first is pool.clients[B]
+        # B is full: the next checkpoint waits for B rather than start again on A's free
+        # slots; a turn without a checkpoint goes to A.
+        with pool.borrow(hint=RouteHint("k")) as fresh:
+            assert fresh is pool.clients[A]
+        waited = threading.Event()
+
+        def resume() -> None:
+            with pool.borrow(hint=RouteHint("k").resuming(A)) as client:
+                waited.set()
+                assert client is pool.clients[B]
+
+        thread = threading.Thread(target=resume)
+        thread.start()
+        assert not waited.wait(0.3)
+    thread.join(10)
+    assert waited.is_set()
+    pool.clients[B].continuing = False  # none can: not held back, it starts again anywhere
+    with pool.borrow(hint=RouteHint("k").resuming(B)):  # B's one slot
+        assert _resumed_on(pool, B) == A
 
 
 def test_what_one_process_learned_of_continuations_routes_the_checkpoints_of_the_next(rdb):
@@ -250,4 +280,4 @@ def test_what_one_process_learned_of_continuations_routes_the_checkpoints_of_the
         assert client is first.clients[A]
     later, _ = _pool({A: 3, B: 2}, redis=rdb)  # a worker started afterwards: learned nothing
     assert later.clients[A].continues() is None
-    assert later.resume_at(A, "k") == B
+    assert _resumed_on(later, A) == B

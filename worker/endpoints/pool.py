@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -122,6 +123,8 @@ class EndpointPool:
         self, check: Check | None, hint: RouteHint | None = None,
         avoid: frozenset[str] = frozenset(),
     ) -> Slot:  # fmt: skip
+        if hint is not None and hint.resume_from is not None:
+            hint, avoid = self._resume_route(hint, avoid)
         slot = self._slot(check, self._route(hint), avoid)
         if self.limiter is not None:
             # Paid once a slot is ours, not before: requests waiting for capacity must not
@@ -133,16 +136,21 @@ class EndpointPool:
                 raise
         return slot
 
-    def resume_at(self, endpoint: str, key: str) -> str | None:
-        """Where a turn continues its checkpoint from ``endpoint``: there (its prefix is in
-        that server's cache) unless that server is known not to continue one; then the first
-        server in ``key``'s order proven to continue, else one not known not to. None: none."""
-        if endpoint not in self.clients or self._continues(endpoint) is not False:
-            return endpoint
-        order = rendezvous(key, {url: self.table.caps.get(url, 1) for url in self.clients})
-        able = [url for url in order if self._continues(url) is not False]
+    def _resume_route(
+        self, hint: RouteHint, avoid: frozenset[str]
+    ) -> tuple[RouteHint, frozenset[str]]:
+        """A checkpoint continues on its own server unless that one is known not to continue
+        it; then on one proven to, else on one not known not to. While one such can take it,
+        the servers known not to are avoided (waiting for a slot costs less than generating
+        the checkpoint again); with none, it goes anywhere and starts again."""
+        unable = frozenset(url for url in self.clients if self._continues(url) is False)
+        order = rendezvous(hint.key, {url: self.table.caps.get(url, 1) for url in self.clients})
+        able = [url for url in order if url not in unable | avoid]
+        if not able:
+            return hint, avoid
         proven = [url for url in able if self._continues(url)]
-        return next(iter(proven or able), None)
+        prefer = hint.resume_from if hint.resume_from in able else (proven or able)[0]
+        return replace(hint, previous=prefer), avoid | unable
 
     def _continues(self, endpoint: str) -> bool | None:
         """What this process learned of ``endpoint``, else what another one did."""

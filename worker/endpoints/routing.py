@@ -38,10 +38,16 @@ class RouteHint:
 
     key: str  # hash of the conversation's leading prefix
     previous: str | None = None  # endpoint that answered the previous turn, if any
+    resume_from: str | None = None  # the server of the checkpoint this request continues
 
     def after(self, endpoint: str) -> RouteHint:
         """The hint of the conversation's next turn, once ``endpoint`` answered this one."""
-        return replace(self, previous=endpoint or None)
+        return replace(self, previous=endpoint or None, resume_from=None)
+
+    def resuming(self, endpoint: str) -> RouteHint:
+        """The hint of a turn continuing a checkpoint made on ``endpoint`` (its prompt and
+        partial answer are in that server's cache)."""
+        return replace(self, previous=endpoint or None, resume_from=endpoint or None)
 
 
 @dataclass(frozen=True)

@@ -50,10 +50,6 @@ class Endpoints(Protocol):
         never one of ``avoid``."""
         ...
 
-    def resume_at(self, endpoint: str, key: str) -> str | None:
-        """Where to continue a checkpoint made on ``endpoint`` (None: no preference)."""
-        ...
-
 
 @dataclass(frozen=True)
 class Turn:
@@ -215,8 +211,7 @@ class SampleProcessor:
         fields = request_fields(taken.sample)
         resume = taken.resume_point() if resuming else None
         if resume is not None:  # its prompt and partial answer are in that server's cache
-            # (unless that server cannot continue it: then one that can, if there is one)
-            hint = hint.after(self.endpoints.resume_at(resume.endpoint, hint.key) or "")
+            hint = hint.resuming(resume.endpoint)
         index = len(answered)
 
         def call(messages: Messages) -> TurnResult:
