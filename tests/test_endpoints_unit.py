@@ -7,11 +7,12 @@ import threading
 import time
 
 import pytest
+import redis
 
 from common import errors
 from common.settings import Settings
 from tests.fakes import FakeClient, turn
-from tests.harness import wait_for
+from tests.harness import free_port, wait_for
 from worker.endpoints.capacity import CapacityUnavailable, FreeSignal, Routed
 from worker.endpoints.pool import EndpointPool
 from worker.endpoints.routing import Load, RouteHint, choose
@@ -281,3 +282,16 @@ def test_what_one_process_learned_of_continuations_routes_the_checkpoints_of_the
     later, _ = _pool({A: 3, B: 2}, redis=rdb)  # a worker started afterwards: learned nothing
     assert later.clients[A].continues() is None
     assert _resumed_on(later, A) == B
+
+
+def test_routing_of_checkpoints_goes_on_without_redis():
+    # The shared knowledge is a preference: with its Redis unreachable, what this process
+    # learned still routes, and sharing it fails quietly.
+    away = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
+    pool, _ = _pool({A: 3, B: 2}, redis=away)
+    pool.clients[A].continuing = False
+    with pool.borrow() as client:  # the request that taught it, shared in vain
+        assert client is pool.clients[A]
+    assert _resumed_on(pool, A) == B
+    pool.clients[A].continuing = None  # not learned here, Redis unread: nothing to route by
+    assert _resumed_on(pool, A) == A

@@ -11,6 +11,7 @@ requests; the ones they run finish.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -26,14 +27,15 @@ from typing import Any
 import redis
 
 from common import errors
+from common.keys import EndpointKeys
 from common.logs import secrets_of
 from common.models import Checkpoint, GenParams, TurnResult
 from common.redact import redact
 from common.settings import Settings
 from worker.chat.client import ChatClient, Check, Messages, Progress
 from worker.endpoints.capacity import CapacityUnavailable, FreeSignal, Routed, Slot, SlotTable
-from worker.endpoints.continuation import ContinuationSupport
 from worker.endpoints.health import EndpointHealth, counts_against
+from worker.endpoints.learned import LearnedPerEndpoint
 from worker.endpoints.ratelimit import RateLimiter
 from worker.endpoints.routing import Route, RouteHint, plan, rendezvous
 
@@ -65,7 +67,12 @@ class EndpointPool:
         self.clients = clients
         self.table = table
         self.health = {url: _health(settings) for url in clients}
-        self.continuation = ContinuationSupport(client, settings.key_prefix)
+        # Whether each endpoint continues checkpoints, as some worker learned it by trying: a
+        # routing preference for checkpoints only (each continuation is still proven), so that
+        # a process started later does not discard one to learn it again. Best-effort.
+        self.continuation = LearnedPerEndpoint(
+            client, EndpointKeys(settings.key_prefix).continuation
+        )
         self.signal = FreeSignal()
         self._held: set[Slot] = set()
         self._lock = threading.Lock()
@@ -143,19 +150,23 @@ class EndpointPool:
         it; then on one proven to, else on one not known not to. While one such can take it,
         the servers known not to are avoided (waiting for a slot costs less than generating
         the checkpoint again); with none, it goes anywhere and starts again."""
-        unable = frozenset(url for url in self.clients if self._continues(url) is False)
+        continues = self._continues()
+        unable = frozenset(url for url, on in continues.items() if on is False)
         order = rendezvous(hint.key, {url: self.table.caps.get(url, 1) for url in self.clients})
         able = [url for url in order if url not in unable | avoid]
         if not able:
             return hint, avoid
-        proven = [url for url in able if self._continues(url)]
+        proven = [url for url in able if continues[url]]
         prefer = hint.resume_from if hint.resume_from in able else (proven or able)[0]
         return replace(hint, previous=prefer), avoid | unable
 
-    def _continues(self, endpoint: str) -> bool | None:
-        """What this process learned of ``endpoint``, else what another one did."""
-        found = self.clients[endpoint].continues()
-        return found if found is not None else self.continuation.get(endpoint)
+    def _continues(self) -> dict[str, bool | None]:
+        """Per endpoint, what this process learned of it, else what another one did."""
+        found = {url: client.continues() for url, client in self.clients.items()}
+        shared: dict[str, bool | None] = {}
+        with contextlib.suppress(redis.RedisError, ValueError, KeyError, TypeError):
+            shared = self.continuation.get_many(url for url, on in found.items() if on is None)
+        return {url: shared.get(url) if on is None else on for url, on in found.items()}
 
     def _route(self, hint: RouteHint | None) -> Route | None:
         if hint is None or self.settings.routing != "cache":
@@ -248,8 +259,10 @@ class EndpointPool:
     # -- endpoint health -----------------------------------------------------------------
     def _record(self, endpoint: str, exc: errors.GenerationError | None) -> None:
         learned = self.clients[endpoint].continues()
-        if learned is not None:  # a continuation tried on this request: others route by it
-            self.continuation.share(endpoint, learned)
+        if learned is not None and self.continuation.known(endpoint) != learned:
+            # A continuation tried on this request: the other processes route by it.
+            with contextlib.suppress(redis.RedisError):
+                self.continuation.learn(endpoint, learned)
         with self._lock:
             health = self.health[endpoint]
             if exc is None:

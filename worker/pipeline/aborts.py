@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
 
 import redis
@@ -32,6 +31,7 @@ from common.settings import Settings
 from common.store import WorkerStore
 from worker.chat import transport
 from worker.chat.checkpoints import TurnCheckpoints
+from worker.endpoints.learned import LearnedPerEndpoint
 
 log = logging.getLogger("eaglegen.worker")
 ROUTE = "/inference/v1/abort_requests"
@@ -66,28 +66,12 @@ def saved_tokens(ref: RequestRef, checkpoint: Checkpoint | None) -> int:
     return max(ref.max_tokens - done, 0)
 
 
-class AbortSupport:
-    """Whether each endpoint aborts requests by id: learned once, kept in Redis for all."""
+class AbortSupport(LearnedPerEndpoint):
+    """Whether each endpoint aborts requests by id: learned once, kept in Redis for all
+    (``learn(endpoint, on, why=...)``)."""
 
     def __init__(self, client: redis.Redis, prefix: str) -> None:
-        self.r = client
-        self.key = EndpointKeys(prefix).abort_support
-        self._known: dict[str, bool] = {}
-
-    def get(self, endpoint: str) -> bool | None:
-        """True/False once learned (by any process); None: not tried yet."""
-        if endpoint not in self._known:
-            raw = self.r.hget(self.key, endpoint)
-            if raw is None:
-                return None
-            self._known[endpoint] = bool(json.loads(str(raw))["on"])
-        return self._known[endpoint]
-
-    def learn(self, endpoint: str, on: bool, why: str) -> None:
-        """Remember what ``endpoint`` answered."""
-        self._known[endpoint] = on
-        entry = {"on": on, "why": why, "at": time.time()}
-        self.r.hset(self.key, endpoint, json.dumps(entry))
+        super().__init__(client, EndpointKeys(prefix).abort_support)
 
     @staticmethod
     def shown(client: redis.Redis, prefix: str) -> dict[str, str]:
@@ -186,14 +170,14 @@ class Aborter:
             http.close()
         if status in (403, 404, 405):
             # vLLM without --enable-scale-out (403), or a server without the route.
-            self.support.learn(endpoint, False, f"HTTP {status}")
+            self.support.learn(endpoint, False, why=f"HTTP {status}")
             log.warning("%s does not abort requests (HTTP %d); %s", endpoint, status, HINT)
             return False
         if status != 200:
             log.info("abort on %s: HTTP %d", endpoint, status)
             return False
         if self.support.get(endpoint) is None:
-            self.support.learn(endpoint, True, "abort_requests answered 200")
+            self.support.learn(endpoint, True, why="abort_requests answered 200")
         return True
 
 
