@@ -264,8 +264,7 @@ class ChatClient:
         # those of the turn's earlier attempts set aside.
         discarded = resume.discarded_tokens + resume.tokens if resume is not None else 0
         result = self._fresh(messages, params, check, turn, progress, model, fields, discarded)
-        if resume is not None and resume.tokens > 0:
-            result.discarded_tokens = discarded
+        if resume is not None and resume.tokens > 0:  # (its stream carries discarded_tokens)
             result.discarded_from = resume.endpoint
         return result
 
