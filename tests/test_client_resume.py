@@ -121,6 +121,26 @@ def test_a_turn_broken_twice_resumes_from_its_second_checkpoint(
     same_turn(resumed, unbroken, second.tokens)
 
 
+@pytest.mark.parametrize("cut", range(2, 14))
+def test_a_turn_broken_twice_around_the_end_of_its_reasoning_keeps_its_split(
+    start_sim: Callable[..., Sim], clients: Callable[..., ChatClient], cut: int
+) -> None:
+    # Cut every `cut` tokens twice: for some cut the continuation (raw text on
+    # /v1/completions) breaks right after the end-of-reasoning marker. A checkpoint ending on
+    # the marker would read as reasoning still open, and the answer would become reasoning.
+    params = GenParams()
+    unbroken = clients(start_sim(**ONE)).complete(ask(), params)
+    client = clients(start_sim(disconnect_first=2, cut_at=cut, **ONE))
+    first = broken(client, ask(), params)
+    try:
+        resumed = client.complete(ask(), params, resume=first)
+    except errors.Disconnected as exc:
+        assert exc.checkpoint is not None
+        resumed = client.complete(ask(), params, resume=exc.checkpoint)
+    assert (resumed.reasoning, resumed.content) == (unbroken.reasoning, unbroken.content)
+    assert resumed.token_ids == unbroken.token_ids
+
+
 def test_a_resumed_turn_stops_at_the_same_length_as_the_unbroken_one(
     start_sim: Callable[..., Sim], clients: Callable[..., ChatClient]
 ) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from common import errors
 from common.models import Checkpoint, TurnResult, Usage
-from worker.chat.reasoning import continue_text, finish_text
+from worker.chat.reasoning import THINK_CLOSE, continue_text, finish_text
 from worker.chat.tool_calls import ToolCallParts
 
 # The JSON scanner at an offset (json.loads would first copy the payload out and re-check it).
@@ -229,11 +229,16 @@ class TurnStream:
         Ends at the last chunk with text (see ``text_ids``). A resumed stream that got
         nothing new gives back the checkpoint it started from.
         """
-        if not self.text_chunks:
+        return self._checkpoint_upto(len(self.content), self.text_ids, self.text_chunks)
+
+    def _checkpoint_upto(self, pieces: int, text_ids: int, chunks: int) -> Checkpoint | None:
+        """The checkpoint of the first ``pieces`` of content, ``text_ids`` ids, ``chunks``
+        chunks with text."""
+        if not chunks:
             return self.resume
-        reasoning, content = self._texts()
-        prompt_ids, ids = self._ids(self.text_ids)
-        new = self.text_ids if self.prompt_token_ids is not None else self.text_chunks
+        reasoning, content = self._texts(pieces)
+        prompt_ids, ids = self._ids(text_ids)
+        new = text_ids if self.prompt_token_ids is not None else chunks
         return Checkpoint(
             turn=self.turn, endpoint=self.endpoint, model=self.model,
             prompt_token_ids=prompt_ids, token_ids=ids, content=content, reasoning=reasoning,
@@ -241,9 +246,10 @@ class TurnStream:
             discarded_tokens=self.discarded,
         )  # fmt: skip
 
-    def _texts(self) -> tuple[str, str]:
-        """(reasoning, content) so far, as streamed: inline reasoning tags not yet split."""
-        reasoning, content = "".join(self.reasoning), "".join(self.content)
+    def _texts(self, pieces: int | None = None) -> tuple[str, str]:
+        """(reasoning, content) so far (of the first ``pieces`` of content), as streamed:
+        inline reasoning tags not yet split."""
+        reasoning, content = "".join(self.reasoning), "".join(self.content[:pieces])
         if self.resume is None:
             return reasoning, content
         resume = self.resume
@@ -334,6 +340,8 @@ class CompletionStream(TurnStream):
         super().__init__(endpoint, model, turn, resume)
         self.sent = sent  # the token-id prompt the continuation was asked for
         self.proven = False
+        # (content pieces, text ids, chunks with text) before the last chunk with text
+        self._before_last = (0, 0, 0)
 
     def _add_text(self, choice: dict[str, Any]) -> bool:
         prompt = choice.get("prompt_token_ids")
@@ -344,8 +352,20 @@ class CompletionStream(TurnStream):
             if type(text) is not str:
                 raise _wrong("text", text)
             self.prove()
+            self._before_last = (len(self.content), self.text_ids, self.text_chunks)
             self.content.append(text)
         return bool(text)
+
+    def checkpoint(self) -> Checkpoint | None:
+        """As a chat stream's, but never ending on the end-of-reasoning marker: in raw text, a
+        checkpoint of reasoning that ends there reads as reasoning still open, and the answer
+        continued from it would be counted as reasoning. It ends before that chunk instead
+        (the marker is generated again, as a chat stream's is)."""
+        assert self.resume is not None
+        in_reasoning = self.resume.reasoning and not self.resume.content
+        if in_reasoning and self.content and self.content[-1].endswith(THINK_CLOSE):
+            return self._checkpoint_upto(*self._before_last)
+        return super().checkpoint()
 
     def prove(self) -> None:
         """Raise unless the server echoed exactly the prompt it was sent."""
