@@ -62,6 +62,13 @@ class Disconnected(TransientError):
     kind = "disconnect"
 
 
+class Unfinished(Disconnected):
+    """The stream ended without a finish that means the model finished (``abort``, ``error``,
+    an unknown reason, or none): a broken turn, continued from its checkpoint, never stored."""
+
+    kind = "unfinished"
+
+
 class RateLimited(TransientError):
     kind = "429"
 

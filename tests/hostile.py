@@ -59,6 +59,26 @@ SHAPES = {
 }
 
 
+def ended_with(reason: str | None, text: int = 2) -> list[bytes]:
+    """A stream of the first ``text`` pieces of the answer, then a last chunk with ``reason``
+    (None: no last chunk), usage and [DONE]: how vLLM ends a request it aborted."""
+    events = good_events()
+    usage = {"prompt_tokens": 3, "completion_tokens": text, "total_tokens": 3 + text}
+    last = [sse(chunk(finish_reason=reason, token_ids=[]))] if reason is not None else []
+    tail = [sse({"id": "x", "choices": [], "usage": usage}), b"data: [DONE]\n\n"]
+    return [*events[: 1 + text], *last, *tail]
+
+
+# Streams that end without a finish that means the model finished; ``-once``: only the first
+# request of the case, the next ones answer whole.
+UNFINISHED = {
+    "finish-abort": "abort",
+    "finish-error": "error",
+    "finish-unknown": "paused_for_maintenance",
+    "finish-none": None,
+}
+
+
 class Hostile(BaseHTTPRequestHandler):
     """Dispatches on the first path segment (the case)."""
 
@@ -88,6 +108,10 @@ class Hostile(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("content-length", 0)))
         self.server.count(self.case, "post")
         handler = getattr(self, "_" + self.case.replace("-", "_"), None)
+        unfinished = self.case.removesuffix("-once")
+        if unfinished in UNFINISHED:
+            once = unfinished != self.case and self.server.calls(self.case, "post") > 1
+            return self._stream(good_events() if once else ended_with(UNFINISHED[unfinished]))
         if self.case in SHAPES:
             *events, done = good_events()
             return self._stream([*events, SHAPES[self.case], done])

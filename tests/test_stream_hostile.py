@@ -14,8 +14,8 @@ from common.redact import redact
 from common.settings import Settings
 from producer.enqueue import Feeder
 from producer.readers import RawRow, SourceInfo, _parse_line
-from tests.hostile import SHAPES, chunk, good_events, sse
-from worker.chat.client import translate_errors
+from tests.hostile import SHAPES, UNFINISHED, HostileServer, chunk, ended_with, good_events, sse
+from worker.chat.client import ChatClient, translate_errors
 from worker.chat.stream import TurnStream
 from worker.tasks import unexpected
 
@@ -32,6 +32,39 @@ def test_a_wrong_shape_is_a_bad_response(case: str) -> None:
     *events, done = good_events()
     with pytest.raises(errors.BadResponse):
         feed_all(TurnStream("e"), [*events, SHAPES[case], done])
+
+
+@pytest.mark.parametrize("reason", ["abort", "error", "paused_for_maintenance"])
+def test_a_stream_that_ends_unfinished_is_no_answer_but_a_checkpoint(reason: str) -> None:
+    stream = TurnStream("e")
+    with pytest.raises(errors.Unfinished, match=reason):
+        feed_all(stream, ended_with(reason))
+    saved = stream.checkpoint()
+    assert saved is not None and (saved.content, saved.token_ids) == ("Hello big", [11, 12])
+
+
+@pytest.mark.parametrize("reason", ["stop", "length", "tool_calls", "content_filter"])
+def test_a_finish_that_means_the_model_finished_is_an_answer(reason: str) -> None:
+    stream = TurnStream("e")
+    feed_all(stream, ended_with(reason))
+    assert stream.result(0.0, "m").finish_reason == reason
+
+
+@pytest.mark.parametrize("case", sorted(UNFINISHED))
+def test_the_client_gives_an_unfinished_turn_back_as_an_error_with_its_checkpoint(
+    case: str,
+) -> None:
+    server = HostileServer()
+    url = server.endpoint(case)
+    client = ChatClient(url, Settings(endpoints=[url], model="m"))
+    try:
+        with pytest.raises(errors.Disconnected) as caught:
+            client.complete([{"role": "user", "content": "q"}], GenParams(max_tokens=50))
+    finally:
+        client.close()
+        server.close()
+    saved = caught.value.checkpoint
+    assert saved is not None and (saved.content, saved.tokens) == ("Hello big", 2)
 
 
 def test_tool_calls_are_left_for_their_decoder() -> None:

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from common import errors
+from common.finish import finished
 from common.models import Checkpoint, TurnResult, Usage
 from worker.chat.reasoning import THINK_CLOSE, continue_text, finish_text
 from worker.chat.tool_calls import ToolCallParts
@@ -199,9 +200,15 @@ class TurnStream:
         return len(self.token_ids) or self.text_chunks
 
     def result(self, latency: float, model: str) -> TurnResult:
-        """The finished turn; a stream without a finish or with an empty answer is an error."""
+        """The finished turn; a stream without a finish, with one that does not mean the model
+        finished (``abort``: common/finish.py), or with an empty answer is an error."""
         if self.finish_reason is None:
             raise errors.Disconnected(f"{self.endpoint}: stream ended without a finish_reason")
+        if not finished(self.finish_reason):
+            raise errors.Unfinished(
+                f"{self.endpoint}: stream ended with finish_reason {self.finish_reason[:40]!r}, "
+                "not a finished answer"
+            )
         streamed_reasoning, streamed = self._texts()
         reasoning, content = finish_text(streamed, streamed_reasoning)
         calls = self.tool_calls.calls() if self.tool_calls else None

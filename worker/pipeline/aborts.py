@@ -199,6 +199,7 @@ class TurnRequests:
         self._due = checkpoints.due if checkpoints is not None else _never
         self.max_tokens, self.base = max_tokens, base
         self.sent = False  # a request of the turn was recorded (there may be one to abort)
+        self.recorded = False  # its last request's record landed (gone since: someone aborted it)
 
     def due(self, tokens: int) -> bool:
         return self._due(tokens)
@@ -212,21 +213,43 @@ class TurnRequests:
         left = max(self.max_tokens - self.base, 0)
         ref = RequestRef(endpoint=endpoint, server_id=server_id, token=self.token,
                          max_tokens=left, base=self.base)  # fmt: skip
-        self.sent = True
+        self.sent, self.recorded = True, False
         try:
-            self.store.record_request(self.sample_id, ref)
+            self.recorded = self.store.record_request(self.sample_id, ref)
         except redis.RedisError as exc:
             log.info("request %s of %s not recorded: %s", server_id, self.sample_id, exc)
 
-    def gave_up(self, exc: errors.GenerationError) -> None:
+    def gave_up(self, exc: errors.GenerationError) -> errors.GenerationError:
         """A request of the turn failed: if this side let its stream go while the server may
-        still be generating it, abort it (unless someone already did)."""
-        if not self.sent or self.aborter is None or not isinstance(exc, LET_GO):
-            return
+        still be generating it, abort it (unless someone already did). Returns what to raise:
+        ``exc``, or a hand-back where EagleGen itself had aborted the request."""
+        if not self.sent:
+            return exc
+        if isinstance(exc, errors.Unfinished) and self.recorded:
+            return self._ended(exc)
+        if self.aborter is None or not isinstance(exc, LET_GO):
+            return exc
         checkpoint, why = exc.checkpoint, exc.kind
         ref = self._pop()
         if ref is not None:
             self.aborter.orphan(self.store, ref, checkpoint, why)
+        return exc
+
+    def _ended(self, exc: errors.Unfinished) -> errors.GenerationError:
+        """The server ended the request unfinished. Its record gone means whoever reaped or
+        took over this lease popped it to abort it: the worker was paused past its lease, and
+        the abort is EagleGen's own, not the sample's failure; it goes back to the queue and
+        is continued from the checkpoint just kept. Else the server ended it by itself."""
+        try:
+            if self.store.pop_own_request(self.sample_id, self.token) is not None:
+                return exc
+        except redis.RedisError as err:
+            log.info("running request of %s not read: %s", self.sample_id, err)
+            return exc
+        handed = errors.HandedBack(f"{exc} (aborted when its lease was reaped)")
+        handed.endpoint, handed.tokens_streamed = exc.endpoint, exc.tokens_streamed
+        handed.checkpoint = exc.checkpoint
+        return handed
 
     def _pop(self) -> RequestRef | None:
         try:

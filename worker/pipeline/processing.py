@@ -255,9 +255,10 @@ class SampleProcessor:
                         )  # fmt: skip
         except errors.GenerationError as exc:
             _keep_break_point(exc, turn.progress)
-            if turn.requests is not None:
-                turn.requests.gave_up(exc)
-            self.observer.error(store.run, exc)
+            raised = exc if turn.requests is None else turn.requests.gave_up(exc)
+            self.observer.error(store.run, raised)
+            if raised is not exc:
+                raise raised from None
             raise
         self.observer.turn(store.run, result)
         return result
