@@ -18,7 +18,8 @@ from simulator.config import SimConfig
 from simulator.sampling import draw
 
 Message = Mapping[str, Any]
-FinishReason = Literal["stop", "length", "tool_calls"]
+# "abort": a request stopped by POST /inference/v1/abort_requests (vLLM's FinishReason.ABORT).
+FinishReason = Literal["stop", "length", "tool_calls", "abort"]
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

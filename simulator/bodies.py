@@ -51,9 +51,12 @@ def stream_batch(job: Job, batch: list[Piece], ids: list[int], first: bool) -> b
 
 
 def stream_tail(job: Job, first: bool) -> bytes:
-    """Return the finish chunk, the usage chunk if asked for, and [DONE]."""
+    """Return the finish chunk, the usage chunk if asked for, and [DONE]. A request aborted
+    before its first token has no finish chunk: vLLM sends no empty choice before one."""
     finish = job.output.finish_reason
-    if job.endpoint == "completion":
+    if finish == "abort" and first:
+        tail = b""
+    elif job.endpoint == "completion":
         tail = sse(text_chunk_body(job, "", [], first, finish))
     else:
         tail = sse(chunk_body(job, {}, finish, ids=[]))

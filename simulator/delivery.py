@@ -24,25 +24,27 @@ class JobResponse(Response):
 
     def __init__(
         self, body: Callable[[Send], Awaitable[None]],
-        running: dict[str, asyncio.Future[None]] | None = None, request_id: str = "",
+        running: dict[str, asyncio.Event] | None = None, request_id: str = "",
+        stop: asyncio.Event | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
         self._body = body
         self._running = running if running is not None else {}
         self._request_id = request_id
+        self._stop = stop if stop is not None else asyncio.Event()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Race the body against a client disconnect; re-raise a simulated disconnect.
 
-        While it runs, the body is in ``running`` under its request id: an abort cancels it
-        (the connection then closes mid-answer, as vLLM's does)."""
+        While it runs, its stop is in ``running`` under its request id: an abort sets it, and
+        the body ends the answer as vLLM ends an aborted one."""
         work = asyncio.ensure_future(self._body(send))
         gone = asyncio.ensure_future(_client_gone(receive))
-        self._running[self._request_id] = work
+        self._running[self._request_id] = self._stop
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if self._running.get(self._request_id) is work:
+            if self._running.get(self._request_id) is self._stop:
                 del self._running[self._request_id]
             work.cancel()
             gone.cancel()
@@ -75,21 +77,28 @@ async def stream_job(state: SimState, job: Job, send: Send) -> None:
             data = stream_batch(job, batch, ids, first=sent == 0)
             await send(_body(opening + data, more=True))
             opening, sent = b"", sent + len(batch)
-    await send(_body(opening + stream_tail(job, first=sent == 0), more=False))
+    ended = _ended(job, sent)
+    await send(_body(opening + stream_tail(ended, first=sent == 0), more=False))
+
+
+def _ended(job: Job, sent: int) -> Job:
+    """The job as it ended: whole, or what an abort left of it."""
+    return job.aborted(sent) if job.stop.is_set() and sent < len(job.pieces) else job
 
 
 async def respond_job(state: SimState, job: Job, send: Send) -> None:
     """Send a job as one response object, as vLLM does for stream=false."""
     headers = {"content-type": "application/json", "x-sim-key": job.key}
+    sent = 0
     try:
         async with contextlib.aclosing(generate(state, job)) as batches:
-            async for _ in batches:
-                pass
+            async for batch in batches:
+                sent += len(batch)
     except SimulatedDisconnect:
         # Start the response first, so dropping the connection is a broken response
         # rather than the clean 500 uvicorn would send for an unstarted one.
         await send(_start(200, headers))
         raise
-    payload = json.dumps(full_body(job), ensure_ascii=False).encode()
+    payload = json.dumps(full_body(_ended(job, sent)), ensure_ascii=False).encode()
     await send(_start(200, {**headers, "content-length": str(len(payload))}))
     await send(_body(payload, more=False))

@@ -186,7 +186,7 @@ def _admit(
         return early
     job = _build_job(state, plan, endpoint, usage, fault, rng, given_id)
     body = stream_job if stream else respond_job
-    return JobResponse(lambda send: body(state, job, send), state.running, job.request_id)
+    return JobResponse(lambda send: body(state, job, send), state.running, job.request_id, job.stop)
 
 
 def _early_fault(fault: Fault, key: str) -> Response | None:

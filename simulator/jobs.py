@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -139,6 +140,8 @@ class Job:
     fault: Fault
     cut: int
     include_usage: bool
+    # Set by POST /inference/v1/abort_requests: the generation ends at its next token.
+    stop: asyncio.Event = field(default_factory=asyncio.Event, compare=False, repr=False)
 
     @property
     def pieces(self) -> list[Piece]:
@@ -148,6 +151,13 @@ class Job:
     def ids_of(self, start: int, end: int) -> list[int]:
         """Return the ids of pieces [start, end)."""
         return [i for ids in self.output.piece_ids[start:end] for i in ids]
+
+    def aborted(self, sent: int) -> Job:
+        """The job as an abort after ``sent`` pieces leaves it: those pieces, finish "abort"
+        (vLLM: the output ``abort_requests`` queues, no new token in it)."""
+        done = self.output.piece_ids[:sent]
+        output = Output(self.pieces[:sent], done, "abort", sum(len(ids) for ids in done))
+        return replace(self, output=output)
 
 
 def answer_pieces(answer: SimAnswer, reasoning_field: ReasoningField) -> list[Piece]:

@@ -37,10 +37,9 @@ class SimState:
         # Set when the server shuts down so stalled generations let go instead of blocking it.
         self.stopping = asyncio.Event()
         self._ids = itertools.count(1)
-        # Request id -> the task generating it, for POST /inference/v1/abort_requests.
-        self.running: dict[str, asyncio.Future[None]] = {}
-        # Aborted by request: their ends are logged so. (One aborted while it waited for a slot
-        # never ends and stays here: as many as such aborts, on a test server.)
+        # Request id -> the stop of the job generating it, for POST /inference/v1/abort_requests.
+        self.running: dict[str, asyncio.Event] = {}
+        # Aborted by request: their ends are logged so.
         self.abort_requested: set[str] = set()
         self.hidden: HiddenStates | None = None
         if cfg.hidden_states_model is not None and cfg.hidden_states_dir is not None:
@@ -59,12 +58,14 @@ class SimState:
         return f"{prefix}-{key}-{next(self._ids)}"
 
     def abort(self, request_ids: list[str]) -> int:
-        """Stop the named generations (their connections close); how many were running."""
+        """Stop the named generations; how many were running. As vLLM does, each stream then
+        ends with a last chunk ``finish_reason: "abort"``, usage and ``[DONE]``: the
+        connection stays open."""
         ids = [i for i in request_ids if i in self.running]
         found = [self.running.pop(i) for i in ids]
         self.abort_requested.update(ids)
-        for task in found:
-            task.cancel()
+        for stop in found:
+            stop.set()
         self.stats.aborted_by_request += len(found)
         return len(found)
 

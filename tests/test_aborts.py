@@ -36,7 +36,12 @@ def _stream(url: str, request_id: str, seen: list[str]) -> threading.Thread:
     """A slow chat stream named ``request_id``, read in a thread; ``seen`` gets its lines."""
 
     def read() -> None:
-        body = {"messages": [{"role": "user", "content": "abort me"}], "stream": True}
+        body = {
+            "messages": [{"role": "user", "content": "abort me"}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
         try:
             with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30,
                               headers={"X-Request-Id": request_id}) as response:  # fmt: skip
@@ -53,7 +58,7 @@ def _ref(sim: Sim, server_id: str, **more: Any) -> RequestRef:
     return RequestRef(endpoint=f"{sim.url}/v1", server_id=server_id, token="t", **more)
 
 
-def test_the_simulator_stops_the_named_generation_and_closes_its_stream(
+def test_the_simulator_stops_the_named_generation_and_ends_its_stream_as_vllm_does(
     start_sim: Callable[..., Sim], rdb: Any, tmp_path: Path
 ) -> None:
     log = tmp_path / "sim.jsonl"
@@ -69,7 +74,15 @@ def test_the_simulator_stops_the_named_generation_and_closes_its_stream(
     assert aborter.orphan(store, _ref(sim, "chatcmpl-stop", max_tokens=500), None, "test")
     for thread in threads:
         thread.join(30)
-    assert stopped[-1] == "cut" and "data: [DONE]" in kept
+    assert "data: [DONE]" in kept
+    # vLLM's end of an aborted stream: a last chunk "abort" without tokens, usage, [DONE].
+    *_, last, usage, done = [line for line in stopped if line]
+    [choice] = json.loads(last.removeprefix("data: "))["choices"]
+    assert (choice["finish_reason"], choice["delta"], choice["token_ids"]) == ("abort", {}, [])
+    sent = sum(len(json.loads(x[6:])["choices"][0].get("token_ids", [])) for x in stopped
+               if x.startswith("data: {") and json.loads(x[6:])["choices"])  # fmt: skip
+    assert 0 < json.loads(usage.removeprefix("data: "))["usage"]["completion_tokens"] == sent
+    assert done == "data: [DONE]"
     found = httpx.get(stats).json()
     assert found["aborted_by_request"] == 1 and found["completed"] == 1
     assert rdb.hmget(store.keys.counters, ["aborted", "abort_saved_tokens"]) == ["1", "500"]
