@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.harness import ROOT, wait_for
+from tests.integration.test_resume import reference
 from tests.stack import Stack
 
 PROMPTS = ROOT / "data" / "vicuna_bench_question.jsonl"
@@ -78,6 +79,48 @@ def test_a_server_that_refuses_aborts_is_remembered_and_shown(
     status = json.loads(stack.procs.run(["status", "--json"], stack.env).stdout)
     assert status["endpoints"][stack.env["EAGLEGEN_ENDPOINTS"]]["abort"] == row["abort"]
     assert status["goodput"]["aborted_requests"] == 0
+
+
+def test_a_worker_whose_request_was_aborted_while_it_was_paused_stores_the_whole_answer(
+    stack: Stack, redis_url: str, tmp_path
+) -> None:
+    # The sample's lease expires while its worker is paused; a reconciler pass reaps it and
+    # aborts the request (the simulator ends the stream as vLLM does: finish_reason "abort",
+    # usage, [DONE]); the worker wakes, its renewal takes the lease back, and it reads that
+    # end. It must not store what the abort left as the answer.
+    source = tmp_path / "one.jsonl"
+    source.write_text(PROMPTS.read_text().splitlines()[0] + "\n")
+    sim = ("--time-per-token", "0.05", *LONG)
+    [expected] = reference(stack.procs, redis_url, tmp_path, source, sim=sim)
+    stack.env.update(EAGLEGEN_LEASE_TTL="3", EAGLEGEN_RECONCILE_INTERVAL="600")
+    url = stack.simulator(*sim)
+    paused = stack.worker(concurrency=1)
+    stack.enqueue(source)
+    wait_for(lambda: len(_running_requests(stack)) == 1, 60, "the request named")
+    wait_for(lambda: int(_sim(url)["tokens_generated"]) >= 20, 60, "the answer under way")
+    paused.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: _reconciled(stack) and _sim(url)["aborted_by_request"] == 1, 60,
+                 "the lease reaped and the request aborted")  # fmt: skip
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    stack.collector()
+    stack.wait_complete()
+    [record] = stack.lines()
+    turns = record["generation"]["turns"]
+    assert [t["finish_reason"] for t in turns] == ["stop"], turns
+    assert turns[0]["token_ids"] == expected["generation"]["turns"][0]["token_ids"]
+    assert record["conversations"] == expected["conversations"]
+    assert turns[0]["resumed_from_tokens"] > 0  # continued from where the abort left it
+    counts = stack.store.counts()  # EagleGen's own abort: handed back, not a retry
+    assert (counts.failed, counts.retries) == (0, 0), counts
+
+
+def _reconciled(stack: Stack) -> bool:
+    """One reconciler pass (it reaps expired leases and aborts their requests)."""
+    passed = stack.procs.run(["reconcile"], stack.env)
+    assert passed.returncode == 0, passed.stderr
+    return not _running_requests(stack)
 
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
