@@ -107,6 +107,8 @@ class Hostile(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", 0)))
         self.server.count(self.case, "post")
+        if self.path.endswith("completions"):  # a generation (not an abort or a probe of it)
+            self.server.count(self.case, "generate")
         handler = getattr(self, "_" + self.case.replace("-", "_"), None)
         unfinished = self.case.removesuffix("-once")
         if unfinished in UNFINISHED:

@@ -138,6 +138,9 @@ def test_a_wrong_answer_fails_the_sample_after_its_retries(
 ):
     worker, idle = _start(stack, server.endpoint(case))
     _bounded(_run(stack, tmp_path, case, worker, idle), "failed", kind, RETRIES + 1, seconds)
+    # A broken answer is no partial to continue from: each attempt is one request, no
+    # continuation or probe on top (the case's own requests: the server is the module's).
+    assert server.calls(case, "generate") <= RETRIES + 1, server.calls(case, "generate")
 
 
 def test_a_head_trickled_a_byte_at_a_time_ends_at_max_request_time(stack: Stack, tmp_path, server):

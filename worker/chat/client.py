@@ -431,7 +431,10 @@ class ChatClient:
             exc.args = (server_text(str(exc), self._secrets, 1000),)
             exc.endpoint = exc.endpoint or self.endpoint
             exc.tokens_streamed = stream.tokens()
-            exc.checkpoint = _checkpoint(stream)
+            # An answer of the wrong shape is no partial to continue from: continuing it would
+            # cost requests (and probes) on a server that answers wrongly; it starts again.
+            if not isinstance(exc, errors.BadResponse):
+                exc.checkpoint = _checkpoint(stream)
             raise
 
     def _read(
