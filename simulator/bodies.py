@@ -23,14 +23,27 @@ def error_body(
     return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
 
 
-def usage_body(job: Job) -> dict[str, int]:
-    """Return the usage object of a finished job."""
+# vLLM names its build on the last chunk (with usage) and on whole responses.
+FINGERPRINT = "eaglegen-sim"
+
+
+def usage_body(job: Job) -> dict[str, Any]:
+    """Return the usage object of a finished job; on the chat API of a server that parses
+    reasoning, vLLM counts the reasoning tokens apart."""
     done = job.output.completion_tokens
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": job.prompt_tokens,
         "completion_tokens": done,
         "total_tokens": job.prompt_tokens + done,
     }
+    if job.endpoint == "chat" and job.reasoning_field != "inline":
+        thought = sum(
+            len(ids)
+            for (kind, _), ids in zip(job.pieces, job.output.piece_ids, strict=False)
+            if kind == "reasoning"
+        )
+        usage["completion_tokens_details"] = {"reasoning_tokens": thought}
+    return usage
 
 
 def stream_opening(job: Job) -> bytes:
@@ -40,36 +53,48 @@ def stream_opening(job: Job) -> bytes:
     body = chunk_body(job, {"role": "assistant", "content": ""})
     if job.return_ids:
         body["prompt_token_ids"] = job.prompt_ids
+        body["prompt_text"] = None  # vLLM's, beside the ids (its text only when asked for)
     return sse(body)
 
 
-def stream_batch(job: Job, batch: list[Piece], ids: list[int], first: bool) -> bytes:
-    """Return the chunk of one same-kind batch of tokens."""
+def stream_batch(
+    job: Job, batch: list[Piece], ids: list[int], first: bool, finish: str | None = None
+) -> bytes:
+    """Return the chunk of one same-kind batch of tokens; ``finish``: the last one, which
+    carries the finish reason (vLLM sends it with the last token, no chunk of its own)."""
     if job.endpoint == "completion":
-        return sse(text_chunk_body(job, "".join(t for _, t in batch), ids, first))
-    return sse(chunk_body(job, delta_body(batch, job.reasoning_field), ids=ids))
+        return sse(text_chunk_body(job, "".join(t for _, t in batch), ids, first, finish))
+    delta = delta_body(batch, job.reasoning_field)
+    if finish is not None and not delta:
+        delta = {"content": ""}  # vLLM's parser gives the end-of-turn token an empty content
+    return sse(chunk_body(job, delta, finish, ids=ids))
 
 
-def stream_tail(job: Job, first: bool) -> bytes:
-    """Return the finish chunk, the usage chunk if asked for, and [DONE]. A request aborted
-    before its first token has no finish chunk: vLLM sends no empty choice before one."""
+def stream_tail(job: Job, first: bool, finished: bool = False) -> bytes:
+    """Return the finish chunk (unless the last token's chunk carried it: ``finished``), the
+    usage chunk if asked for, and [DONE]. An abort's finish chunk has no token (vLLM's
+    ``abort_requests`` output), and a request aborted before its first token has none."""
     finish = job.output.finish_reason
-    if finish == "abort" and first:
+    if finished or (finish == "abort" and first):
         tail = b""
     elif job.endpoint == "completion":
         tail = sse(text_chunk_body(job, "", [], first, finish))
     else:
         tail = sse(chunk_body(job, {}, finish, ids=[]))
     if job.include_usage:
-        tail += sse({**_envelope(job), "choices": [], "usage": usage_body(job)})
+        last = {"choices": [], "usage": usage_body(job), "system_fingerprint": FINGERPRINT}
+        tail += sse({**_envelope(job), **last})
     return tail + sse("[DONE]")
 
 
 def chunk_body(
     job: Job, delta: dict[str, Any], finish_reason: str | None = None, ids: list[int] | None = None
 ) -> dict[str, Any]:
-    """Return one chat.completion.chunk with a single choice."""
+    """Return one chat.completion.chunk with a single choice (a last one names its
+    ``stop_reason``, null here: no stop string or token is ever asked for)."""
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    if finish_reason is not None:
+        choice["stop_reason"] = None
     if job.return_ids and ids is not None:
         choice["token_ids"] = ids
     return {**_envelope(job), "choices": [choice]}
@@ -78,17 +103,17 @@ def chunk_body(
 def text_chunk_body(
     job: Job, text: str, ids: list[int], first: bool, finish_reason: str | None = None
 ) -> dict[str, Any]:
-    """Return one streamed text_completion chunk."""
+    """Return one streamed text_completion chunk (vLLM names every field in each)."""
     choice: dict[str, Any] = {
         "index": 0,
         "text": text,
         "logprobs": None,
         "finish_reason": finish_reason,
+        "stop_reason": None,
     }
     if job.return_ids:
+        choice["prompt_token_ids"] = job.prompt_ids if first else None
         choice["token_ids"] = ids
-        if first:
-            choice["prompt_token_ids"] = job.prompt_ids
     return {**_envelope(job), "choices": [choice]}
 
 

@@ -12,8 +12,9 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from simulator.bodies import full_body, stream_batch, stream_opening, stream_tail
+from simulator.faults import MID_STREAM_FAULTS
 from simulator.generation import SimulatedDisconnect, generate
-from simulator.jobs import Job
+from simulator.jobs import Job, Piece
 from simulator.state import SimState
 
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
@@ -68,17 +69,47 @@ def _body(data: bytes, more: bool) -> dict[str, Any]:
 
 
 async def stream_job(state: SimState, job: Job, send: Send) -> None:
-    """Send a job as server-sent events, as vLLM does for stream=true."""
+    """Send a job as server-sent events, as vLLM does for stream=true.
+
+    The generation runs apart from the sending, as vLLM's engine runs apart from its API
+    server: a client that does not read (paused) holds up only its own stream, and an abort
+    stops the generation at once; what was generated is then sent, with the end of an
+    aborted answer, once the client reads again."""
     await send(_start(200, {**SSE_HEADERS, "x-sim-key": job.key}))
+    batches: asyncio.Queue[list[Piece] | None] = asyncio.Queue()
+    producer = asyncio.ensure_future(_produce(state, job, batches))
     opening, sent = stream_opening(job), 0
-    async with contextlib.aclosing(generate(state, job)) as batches:
-        async for batch in batches:
+    try:
+        while (batch := await batches.get()) is not None:
             ids = job.ids_of(sent, sent + len(batch))
-            data = stream_batch(job, batch, ids, first=sent == 0)
+            finish = _last(job, sent + len(batch))
+            data = stream_batch(job, batch, ids, sent == 0, finish)
             await send(_body(opening + data, more=True))
             opening, sent = b"", sent + len(batch)
+        await producer  # a simulated fault drops the connection here
+    finally:
+        producer.cancel()
+        await asyncio.gather(producer, return_exceptions=True)
     ended = _ended(job, sent)
-    await send(_body(opening + stream_tail(ended, first=sent == 0), more=False))
+    finished = sent > 0 and _last(job, sent) is not None
+    await send(_body(opening + stream_tail(ended, sent == 0, finished), more=False))
+
+
+def _last(job: Job, sent: int) -> str | None:
+    """The finish reason if the first ``sent`` pieces are all the job generates, else None."""
+    if sent < len(job.pieces) or job.fault in MID_STREAM_FAULTS:
+        return None
+    return job.output.finish_reason
+
+
+async def _produce(state: SimState, job: Job, batches: asyncio.Queue[list[Piece] | None]) -> None:
+    """Generate the job's batches into ``batches``; None once it ended, however it ended."""
+    try:
+        async with contextlib.aclosing(generate(state, job)) as generated:
+            async for batch in generated:
+                batches.put_nowait(batch)
+    finally:
+        batches.put_nowait(None)
 
 
 def _ended(job: Job, sent: int) -> Job:

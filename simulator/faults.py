@@ -98,6 +98,13 @@ def context_error(prompt_tokens: int, max_tokens: int | None, max_model_len: int
     needed = prompt_tokens + (max_tokens if max_tokens is not None else 1)
     if prompt_tokens <= max_model_len and needed <= max_model_len:
         return None
+    if prompt_tokens > max_model_len:  # vLLM 0.32's words, and the parameter it names
+        return (
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains at least {max_model_len + 1} input tokens, which exceeds this "
+            "limit even without any output tokens. Please reduce the length of the input "
+            f"prompt. (parameter=input_tokens, value={max_model_len + 1})"
+        )
     return (
         f"This model's maximum context length is {max_model_len} tokens. However, you requested "
         f"{prompt_tokens + completion} tokens ({prompt_tokens} in the messages, {completion} in "

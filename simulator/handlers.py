@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from collections.abc import Mapping
 from typing import TypeVar
@@ -43,7 +44,9 @@ def _state(request: Request) -> SimState:
 def _error(
     status: int, message: str, err_type: str, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
-    body = error_body(status, message, err_type)
+    # vLLM names the parameter at fault in the message and in ``param`` alike.
+    named = re.search(r"\(parameter=(\w+), value=", message)
+    body = error_body(status, message, err_type, named.group(1) if named else None)
     return JSONResponse(body, status_code=status, headers=dict(headers or {}))
 
 
@@ -55,14 +58,28 @@ async def health(request: Request) -> Response:
 async def models(request: Request) -> Response:
     """GET /v1/models: the one served model."""
     state = _state(request)
+    name, created = state.cfg.model_name, state.created
     card = {
-        "id": state.cfg.model_name,
+        "id": name,
         "object": "model",
-        "created": state.created,
+        "created": created,
         "owned_by": OWNER,
+        "root": name,  # vLLM: the model's path or name
+        "parent": None,
         "max_model_len": state.cfg.max_model_len,  # as vLLM lists it
+        "permission": [_permission(created)],
     }
     return JSONResponse({"object": "list", "data": [card]})
+
+
+def _permission(created: int) -> dict[str, object]:
+    """vLLM's (OpenAI's former) model permission entry, as vLLM lists it."""
+    return {
+        "id": f"modelperm-{created:x}", "object": "model_permission", "created": created,
+        "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+        "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+        "organization": "*", "group": None, "is_blocking": False,
+    }  # fmt: skip
 
 
 async def metrics(request: Request) -> Response:

@@ -215,7 +215,8 @@ def test_a_prompt_longer_than_the_context_is_rejected() -> None:
     message = context_error(prompt_tokens=5000, max_tokens=None, max_model_len=4096)
     assert message is not None
     assert message.startswith("This model's maximum context length is 4096 tokens.")
-    assert "However, you requested 5000 tokens" in message
+    assert "your prompt contains at least 4097 input tokens" in message  # vLLM 0.32's words
+    assert message.endswith("(parameter=input_tokens, value=4097)")
 
 
 def test_prompt_plus_max_tokens_beyond_the_context_is_rejected() -> None:
