@@ -40,6 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common.finish import finished  # noqa: E402
 from common.ids import sample_id  # noqa: E402
 from common.request_store import RequestRef  # noqa: E402
 from common.store import RunStore, connect  # noqa: E402
@@ -454,6 +455,9 @@ class Chaos:
             "failed": len(failures), "failed_reasons": dict(reasons),
             "failed_not_overlong": sum(f.kind != "400" for f in failures.values()),
             "answers_not_matching_prompt": wrong[0], "resumed_records_checked": wrong[1],
+            # An aborted stream (a paused worker's, reaped) is never stored as an answer.
+            "turns_unfinished": sum(not finished(t["finish_reason"]) for r in lines
+                                    for t in r["generation"]["turns"]),
             "checkpoints_discarded": sum(bool(t.get("discarded_tokens")) for r in lines
                                          for t in r["generation"]["turns"]),
             "generations": sum(generations.values()),
@@ -628,7 +632,8 @@ def verdict(r: dict[str, Any]) -> list[str]:
         misses.append(f"written differs from the ids on disk by {r['written_not_on_disk']}")
     if r["workers_exited_by_themselves"]:
         misses.append(f"workers exited by themselves: {r['workers_exited_by_themselves']}")
-    for key in ("lost", "duplicate_lines", "failed_not_overlong", "answers_not_matching_prompt"):
+    for key in ("lost", "duplicate_lines", "failed_not_overlong", "answers_not_matching_prompt",
+                "turns_unfinished"):  # fmt: skip
         if r[key]:
             misses.append(f"{key} = {r[key]}")
     if r["failed"] != OVERLONG:

@@ -40,8 +40,9 @@ async def generate(state: SimState, job: Job) -> AsyncGenerator[list[Piece]]:
         if job.stop.is_set() and sent < len(pieces):
             return  # aborted
         if job.fault is Fault.STALL:
+            if not await _until(job.stop, _stall(state)):
+                return  # aborted while it stalled: it ends as an abort
             event = "stalled"
-            await _stall(state)
             raise SimulatedDisconnect("stall over")
         if job.fault is Fault.DISCONNECT:
             event = "disconnected"

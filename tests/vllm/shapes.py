@@ -111,7 +111,7 @@ class Probe:
 
     def aborted_chat(self, after: int, **more: Any) -> list[dict[str, Any] | str]:
         """A long streamed chat answer aborted after ``after`` chunks (the reconciler's abort)."""
-        body = {"model": self.model, "messages": USER, "max_tokens": 1500, "ignore_eos": True,
+        body = {"model": self.model, "messages": USER, "max_tokens": 2000, "ignore_eos": True,
                 **_STREAM, **more}  # fmt: skip
         return self.stream("/v1/chat/completions", body, abort_after=after)
 

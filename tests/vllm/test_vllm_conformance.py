@@ -19,7 +19,14 @@ from typing import Any
 import pytest
 
 from tests.harness import Procs, start_simulator
-from tests.vllm.server import MAX_MODEL_LEN, Server, report, start_server, stop_server
+from tests.vllm.server import (
+    MAX_MODEL_LEN,
+    Server,
+    engine_behind_api_server,
+    report,
+    start_server,
+    stop_server,
+)
 from tests.vllm.shapes import (
     USER,
     Probe,
@@ -44,6 +51,8 @@ def probes(
     """(vLLM, the simulator), each behind a probe."""
     folder = tmp_path_factory.mktemp("conformance")
     server: Server = start_server(folder, "--enable-scale-out")
+    # Its engine would otherwise run a long answer to its end before the abort arrives.
+    assert engine_behind_api_server(server), "no engine process under the API server"
     report(f"vLLM server for the conformance probes ready in {server.started_s} s")
     procs = Procs(folder / "sim")
     (folder / "sim").mkdir()
@@ -115,8 +124,9 @@ def test_a_completions_stream_continuing_token_ids(probes: tuple[Probe, Probe]) 
 
 def test_the_end_of_a_stream_aborted_by_request(probes: tuple[Probe, Probe]) -> None:
     streams = [probe.aborted_chat(after=5) for probe in probes]
-    for stream in streams:  # read to its end: the response was whole, the socket not cut
-        assert finish_reasons(stream) == ["abort"], finish_reasons(stream)
+    for name, stream in zip(("vLLM", "the simulator"), streams, strict=True):
+        # Read to its end: the response was whole, the socket not cut.
+        assert finish_reasons(stream) == ["abort"], (name, finish_reasons(stream), len(stream))
         assert stream[-1] == "[DONE]"
     (*_, v_abort, v_usage, _), (*_, s_abort, s_usage, _) = streams
     _same("aborted stream, abort chunk", shape(v_abort), shape(s_abort))
