@@ -172,3 +172,20 @@ def test_a_stream_the_server_ended_or_someone_else_aborted_is_left_alone() -> No
     store.pop_requests(["a"])  # the worker that took the lease over aborted it
     requests.gave_up(errors.LeaseLost("taken"))
     assert orphans.asked == []
+
+
+def test_a_stream_ended_unfinished_by_the_reaper_s_abort_is_handed_back_with_its_checkpoint():
+    requests, store, orphans = _turn_requests()
+    store.pop_requests(["a"])  # the reconciler reaped the paused worker's lease, aborted it
+    ended = errors.Unfinished("stream ended with finish_reason 'abort'")
+    ended.checkpoint = Checkpoint(turn=0, endpoint="e", model="m", tokens=81)
+    handed = requests.gave_up(ended)
+    assert isinstance(handed, errors.HandedBack) and handed.checkpoint == ended.checkpoint
+    assert orphans.asked == []
+
+
+def test_a_stream_the_server_ended_unfinished_by_itself_stays_a_broken_stream():
+    requests, store, orphans = _turn_requests()
+    ended = errors.Unfinished("stream ended with finish_reason 'abort'")
+    assert requests.gave_up(ended) is ended  # a retry, counted: the server's own doing
+    assert "a" not in store.requests and orphans.asked == []  # nothing left to abort
