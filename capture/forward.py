@@ -151,7 +151,7 @@ class _Copier:
     forward pass starts at once; the rows wait for the copy's event in their own threads."""
 
     def __init__(self, device: torch.device) -> None:
-        self.stream = torch.cuda.Stream(device)
+        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
 
     def to_host(
         self, stacked: torch.Tensor, problems: torch.Tensor
@@ -163,7 +163,7 @@ class _Copier:
             flags = torch.empty(problems.shape, dtype=problems.dtype, pin_memory=True)
             host.copy_(stacked, non_blocking=True)
             flags.copy_(problems, non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(self.stream)
         # The device buffers stay allocated until the copy stream is done with them.
         stacked.record_stream(self.stream)
