@@ -36,7 +36,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         rope_theta=500000.0,
         max_position_embeddings=131072,
         rms_norm_eps=1e-5,
-    ),  # fmt: skip
+    ),
     "tiny": dict(
         hidden_size=256,
         intermediate_size=512,
@@ -45,7 +45,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         num_key_value_heads=2,
         vocab_size=4096,
         max_position_embeddings=8192,
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -293,7 +293,7 @@ def _shares(results: dict[str, Any]) -> dict[str, Any]:
     for got in results.values():
         if not isinstance(got, dict) or "limit_tokens_per_s" not in got:
             continue
-        for key, value in got.items():
+        for value in got.values():
             if isinstance(value, dict) and "tokens_per_s" in value:
                 value["share_of_limit"] = round(
                     value["tokens_per_s"] / got["limit_tokens_per_s"], 3
