@@ -111,7 +111,7 @@ class TargetModel:
         ]
 
     def _stacked(self, ids: torch.Tensor, aux: tuple[int, int, int]) -> torch.Tensor:
-        if self.device.type == "cuda":
+        if ids.device != self.device:
             ids = ids.pin_memory().to(self.device, non_blocking=True)
         out = self._decoder(input_ids=ids, output_hidden_states=True, use_cache=False)
         pre, post = self._norm_io.pop("pre"), self._norm_io.pop("post")
