@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--concurrency", default="8", help="N, or N,M,…: workers at each")
     parser.add_argument("--synthetic", action="store_true", help="a stand-in for the GPU")
     parser.add_argument("--device", help="cuda:N: the real forward pass on that GPU")
     parser.add_argument("--shape", default="llama-3.1-8b", help="llama-3.1-8b or tiny")
@@ -156,10 +156,10 @@ def main() -> None:
         model_dir, tokenized, _ = build(tmp, args)
         # The loop before and after the worker, the faster one kept: on a shared machine
         # the load moves, and the worker should not win by running in a quieter minute.
-        loop_s = plain_loop(model_dir, tokenized, tmp / "loop", args.concurrency)
+        loop_s = plain_loop(model_dir, tokenized, tmp / "loop", int(args.concurrency))
         cap = worker_run(args.redis_url, model_dir, tokenized, tmp / "out", tmp,
-                         args.concurrency, args.rows)  # fmt: skip
-        loop_s = min(loop_s, plain_loop(model_dir, tokenized, tmp / "loop2", args.concurrency))
+                         int(args.concurrency), args.rows)  # fmt: skip
+        loop_s = min(loop_s, plain_loop(model_dir, tokenized, tmp / "loop2", int(args.concurrency)))
         files = list((tmp / "out" / "hidden_states").iterdir())
         on_disk = sum(p.stat().st_size for p in files)
         tokens = args.rows * args.tokens

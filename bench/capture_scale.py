@@ -64,6 +64,7 @@ def build_model(out: Path, shape: str, device: str, weights: bool) -> Path:
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
     del model
+    _free_device()
     return out
 
 
@@ -147,8 +148,17 @@ def forward_limit(model_dir: Path, rows: list[list[int]], device: str, batch: in
         torch.cuda.synchronize()
     took = time.perf_counter() - started
     del model
-    torch.cuda.empty_cache()
+    _free_device()
     return sum(len(r) for r in rows) / took
+
+
+def _free_device() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()  # the model's norm hook holds it in a cycle
+    torch.cuda.empty_cache()
 
 
 def _padded(rows: list[list[int]], device: str) -> Any:
@@ -180,11 +190,12 @@ def worker_run(
     wait_for(lambda: any(out.rglob("*.safetensors")) or any(out.rglob("data_*.ckpt")),
              900, "the first file", 0.01)  # fmt: skip
     usage = Usage(worker.pid)
-    cpu0, started, threads = usage.cpu_s(), time.perf_counter(), 0
+    cpu0, started, threads, anon = usage.cpu_s(), time.perf_counter(), 0, 0
     done0 = lines()
     with GpuBusy() as busy:
         while lines() < len(rows):
             threads = max(threads, usage.status("Threads"))
+            anon = max(anon, usage.status("RssAnon"))
             time.sleep(0.05)
             if time.perf_counter() - started > 1200:
                 raise TimeoutError("the capture worker did not finish in 20 minutes")
@@ -196,7 +207,8 @@ def worker_run(
         "tokens_per_s": sum(e["tokens"] for e in timed) / took, "seconds": took,
         "gb_per_s": nbytes / took / 1e9, "cpu_s_per_gb": cpu / (nbytes / 1e9),
         "cores_busy": cpu / took, "threads": threads,
-        "rss_peak_gib": usage.status("VmHWM") / 2**20, **busy.summary(),
+        "rss_peak_gib": usage.status("VmHWM") / 2**20, "rss_anon_max_gib": anon / 2**20,
+        "rss_file_now_gib": usage.status("RssFile") / 2**20, **busy.summary(),
     }  # fmt: skip
     worker.terminate()
     worker.wait(60)
@@ -242,10 +254,13 @@ def scale(args: Any, save: Any) -> dict[str, Any]:
     places = {"tmpfs": Path(tempfile.mkdtemp(prefix="bench-capture-", dir=args.tmpfs))}
     if args.disk:
         places["disk"] = Path(tempfile.mkdtemp(prefix="bench-capture-", dir=args.disk))
-    worker_args = ["--concurrency", str(args.concurrency)] + (
-        ["--backend", "synthetic", "--synthetic-rate", str(args.rate)]
-        if synthetic else ["--device", args.device]
-    )  # fmt: skip
+    concurrencies = [int(c) for c in str(args.concurrency).split(",")]
+
+    def worker_args(concurrency: int) -> list[str]:
+        where = (["--backend", "synthetic", "--synthetic-rate", str(args.rate)]
+                 if synthetic else ["--device", args.device])  # fmt: skip
+        return ["--concurrency", str(concurrency), *where]
+
     results: dict[str, Any] = {"shape": args.shape, "device": args.device or "synthetic",
                                "concurrency": args.concurrency, "layout": args.layout,
                                "rows": args.rows, "cores": os.cpu_count()}  # fmt: skip
@@ -259,16 +274,16 @@ def scale(args: Any, save: Any) -> dict[str, Any]:
                     args.rate if synthetic else forward_limit(model_dir, rows, args.device, 8)
                 )
                 save(results)
-                target = _target(model_dir, args, synthetic)
-                got["plain_loop"] = plain_loop(target, rows, places["tmpfs"] / "loop", 8,
-                                               args.layout)  # fmt: skip
-                del target
-                shutil.rmtree(places["tmpfs"] / "loop")
-                save(results)
-                for where, folder in places.items():
+                first = name.startswith("fixed")
+                if first:  # the plain loop and the disk once, on rows of one length
+                    got["plain_loop"] = _loop(model_dir, args, synthetic, rows, places["tmpfs"])
+                    save(results)
+                runs = [(f"{where}_c{c}", folder, c) for c in concurrencies
+                        for where, folder in places.items()]  # fmt: skip
+                for label, folder, c in runs if first else runs[-1:]:
                     out = folder / f"run-{name}"
-                    got[f"worker_{where}"] = worker_run(
-                        procs, args.redis_url, model_dir, tokenized, out, worker_args, rows,
+                    got[f"worker_{label}"] = worker_run(
+                        procs, args.redis_url, model_dir, tokenized, out, worker_args(c), rows,
                         args.layout,
                     )  # fmt: skip
                     shutil.rmtree(out)
@@ -277,6 +292,18 @@ def scale(args: Any, save: Any) -> dict[str, Any]:
         for folder in [tmp, *places.values()]:
             shutil.rmtree(folder, ignore_errors=True)
     return _shares(results)
+
+
+def _loop(model_dir: Path, args: Any, synthetic: bool, rows: list[list[int]], tmpfs: Path) -> Any:
+    import shutil
+
+    target = _target(model_dir, args, synthetic)
+    got = plain_loop(target, rows, tmpfs / "loop", 8, args.layout)
+    del target
+    if not synthetic:
+        _free_device()
+    shutil.rmtree(tmpfs / "loop")
+    return got
 
 
 def _target(model_dir: Path, args: Any, synthetic: bool) -> Any:

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-# Slots of the stacked states: three aux layers, the last layer before and after the norm.
-PRE, POST = 3, 4
+# The slot of the last layer's output before the norm, after the three aux layers.
+PRE = 3
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,13 @@ class States:
     post_norm: torch.Tensor
     checked: Callable[[], str] | None = None
     ready: Callable[[], None] | None = None
+    joined: torch.Tensor | None = None  # [seq, 4, H]: aux, then pre_norm, in one block
+
+    def aux_and_pre(self) -> torch.Tensor:
+        """[seq, 4, H]: the three aux states and the last layer's before the norm."""
+        if self.joined is not None and self.joined.is_contiguous():
+            return self.joined
+        return torch.cat([self.aux, self.pre_norm.unsqueeze(1)], dim=1)
 
     def wait(self) -> None:
         """Block until the tensors hold their values."""
@@ -100,46 +107,55 @@ class TargetModel:
         for b, row in enumerate(batch):
             ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
         with self._lock:
-            stacked = self._stacked(ids, aux)  # [batch, seq, 5, H]
-            flags = _problems(stacked, lengths)
+            joined, post = self._stacked(ids, aux)
+            flags = _problems(joined, post, lengths)
             ready = None
             if self._copies is not None:
-                stacked, flags, ready = self._copies.to_host(stacked, flags)
+                (joined, post, flags), ready = self._copies.to_host(joined, post, flags)
         return [
-            States(*_slots(stacked[b, :n]), checked=partial(_flag, flags, b), ready=ready)
+            row_states(joined[b, :n], post[b, :n], partial(_flag, flags, b), ready)
             for b, n in enumerate(lengths)
         ]
 
-    def _stacked(self, ids: torch.Tensor, aux: tuple[int, int, int]) -> torch.Tensor:
+    def _stacked(
+        self, ids: torch.Tensor, aux: tuple[int, int, int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[batch, seq, 4, H]: the aux layers and the last before the norm (speculators' own
+        order, so its tensor is one block of memory per row); [batch, seq, H] after it."""
         if ids.device != self.device:
             ids = ids.pin_memory().to(self.device, non_blocking=True)
         out = self._decoder(input_ids=ids, output_hidden_states=True, use_cache=False)
         pre, post = self._norm_io.pop("pre"), self._norm_io.pop("post")
         picked = [pre if h == self.layers else out.hidden_states[h] for h in aux]
-        return torch.stack([*picked, pre, post], dim=2)
+        return torch.stack([*picked, pre], dim=2), post
 
 
-def _slots(row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # Views of the batch's buffer: each layout copies what it writes, so no copy here.
-    return row[:, :PRE], row[:, PRE], row[:, POST]
+def row_states(
+    joined: torch.Tensor, post: torch.Tensor, checked: Callable[[], str] | None = None,
+    ready: Callable[[], None] | None = None,
+) -> States:  # fmt: skip
+    """A row's states as views of its batch's buffers: each layout copies what it writes."""
+    return States(joined[:, :PRE], joined[:, PRE], post, checked, ready, joined)
 
 
 # What the device-side check found, by the code it returns (0: nothing).
 _PROBLEMS = ("", NON_FINITE, "a layer of a token is constant across the hidden dimension")
 
 
-def _problems(stacked: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+def _problems(joined: torch.Tensor, post: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     """Per row, 0 or the index of the first problem in ``_PROBLEMS``; on the device, so no
     value of the batch is scanned on the host."""
-    seq = stacked.shape[1]
+    device = joined.device
+    # [batch, seq]: the rows' own tokens, not the padding.
     real = (
-        torch.arange(seq, device=stacked.device)[None, :]
-        < torch.tensor(lengths, device=stacked.device)[:, None]
-    )  # [batch, seq]: the rows' own tokens, not the padding
-    bad = (~torch.isfinite(stacked)).flatten(2).any(dim=2) & real
-    aux = stacked[:, :, :PRE]
-    flat = (aux.amax(dim=3) == aux.amin(dim=3)).any(dim=2) & real
-    return torch.where(bad.any(dim=1), 1, torch.where(flat.any(dim=1), 2, 0)).to(torch.int8)
+        torch.arange(joined.shape[1], device=device)[None, :]
+        < torch.tensor(lengths, device=device)[:, None]
+    )
+    bad = (~torch.isfinite(joined)).flatten(2).any(dim=2) | (~torch.isfinite(post)).any(dim=2)
+    aux = joined[:, :, :PRE]
+    flat = (aux.amax(dim=3) == aux.amin(dim=3)).any(dim=2)
+    bad_row, flat_row = (bad & real).any(dim=1), (flat & real).any(dim=1)
+    return torch.where(bad_row, 1, torch.where(flat_row, 2, 0)).to(torch.int8)
 
 
 def _flag(flags: torch.Tensor, b: int) -> str:
@@ -154,18 +170,16 @@ class _Copier:
         self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
 
     def to_host(
-        self, stacked: torch.Tensor, problems: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, Callable[[], None]]:
-        self.stream.wait_stream(torch.cuda.current_stream(stacked.device))
+        self, *tensors: torch.Tensor
+    ) -> tuple[tuple[torch.Tensor, ...], Callable[[], None]]:
+        self.stream.wait_stream(torch.cuda.current_stream(tensors[0].device))
         with torch.cuda.stream(self.stream):
             # The caching host allocator reuses pinned blocks once their copies are done.
-            host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
-            flags = torch.empty(problems.shape, dtype=problems.dtype, pin_memory=True)
-            host.copy_(stacked, non_blocking=True)
-            flags.copy_(problems, non_blocking=True)
+            host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors)
+            for mine, theirs in zip(host, tensors, strict=True):
+                mine.copy_(theirs, non_blocking=True)
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(self.stream)
-        # The device buffers stay allocated until the copy stream is done with them.
-        stacked.record_stream(self.stream)
-        problems.record_stream(self.stream)
-        return host, flags, done.synchronize
+        for t in tensors:  # allocated on the device until the copy stream is done with them
+            t.record_stream(self.stream)
+        return host, done.synchronize

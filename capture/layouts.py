@@ -57,9 +57,8 @@ def _specforge(row: Row, states: States, run: str) -> bytes:
 def _speculators(row: Row, states: States, run: str) -> bytes:
     from safetensors.torch import save
 
-    stacked = torch.cat([states.aux, states.pre_norm.unsqueeze(1)], dim=1).contiguous()
     tensors = {
-        "hidden_states": stacked,
+        "hidden_states": states.aux_and_pre(),
         "token_ids": torch.tensor(row.input_ids, dtype=torch.long),
     }
     return bytes(save(tensors, metadata={RUN_KEY: run}))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from capture.forward import POST, PRE, States
+from capture.forward import States, row_states
 
 H200_8B_TOKENS_PER_S = 34_000.0
 
@@ -44,14 +44,17 @@ class SyntheticTarget:
             now = time.monotonic()
             self._free_at = max(now, self._free_at) + longest * len(batch) / self.rate
             ready = partial(_until, self._free_at)
-            stacked = self._states(len(batch) * longest).view(len(batch), longest, 5, self.hidden)
+            pool = self._states(len(batch) * longest * 5)
+        size = (len(batch), longest, self.hidden)
+        joined = pool[: 4 * pool.numel() // 5].view(size[0], size[1], 4, size[2])
+        post = pool[4 * pool.numel() // 5 :].view(size)
         return [
-            States(r[:, :PRE], r[:, PRE], r[:, POST], checked=lambda: "", ready=ready)
-            for r in (stacked[b, : len(ids)] for b, ids in enumerate(batch))
+            row_states(joined[b, : len(ids)], post[b, : len(ids)], lambda: "", ready)
+            for b, ids in enumerate(batch)
         ]
 
-    def _states(self, tokens: int) -> torch.Tensor:
-        need = tokens * 5 * self.hidden
+    def _states(self, vectors: int) -> torch.Tensor:
+        need = vectors * self.hidden
         if self._pool.numel() < need:  # drawn once per size reached, then shared by batches
             self._pool = torch.randn(need, dtype=torch.float32).to(self.dtype)
         return self._pool[:need]
