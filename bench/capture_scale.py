@@ -138,8 +138,7 @@ def forward_limit(model_dir: Path, rows: list[list[int]], device: str, batch: in
 
     model = TargetModel(str(model_dir), device)
     aux = (2, model.layers // 2, model.layers - 3)
-    ordered = sorted(rows, key=len)  # the least padding batches of 8 can have
-    chunks = [_padded(ordered[i : i + batch], device) for i in range(0, len(rows), batch)]
+    chunks = [_padded(chunk, device) for chunk in _by_budget(rows, batch * 2048)]
     model._stacked(chunks[0], aux)  # warm-up
     torch.cuda.synchronize()
     started = time.perf_counter()
@@ -159,6 +158,17 @@ def _free_device() -> None:
 
     gc.collect()  # the model's norm hook holds it in a cycle
     torch.cuda.empty_cache()
+
+
+def _by_budget(rows: list[list[int]], budget: int) -> list[list[list[int]]]:
+    """Rows sorted by length, in batches of at most ``budget`` padded tokens (the least
+    padding there can be; 8 rows of 8,192 tokens ran out of memory on an H200)."""
+    chunks: list[list[list[int]]] = [[]]
+    for row in sorted(rows, key=len):
+        if chunks[-1] and len(row) * (len(chunks[-1]) + 1) > budget:
+            chunks.append([])
+        chunks[-1].append(row)
+    return chunks
 
 
 def _padded(rows: list[list[int]], device: str) -> Any:
