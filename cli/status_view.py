@@ -152,6 +152,11 @@ def render(data: dict[str, Any], clip: bool = True) -> Group:
         _endpoint_table(data, clip),
     ]
     parts: list[RenderableType] = [head, bar, _who(data), _params_line(data), *tables]
+    if data.get("restarted_samples"):
+        parts.append(Text(
+            f"retried under new parameters: {data['restarted_samples']} samples, each started "
+            "again from its first turn"
+        ))  # fmt: skip
     parts += [Text(note, style="yellow") for note in data.get("notes", [])]
     tools = data.get("tool_calls")
     if tools:

@@ -91,6 +91,10 @@ class Hostile(BaseHTTPRequestHandler):
             return self._send(200, b"[]")
         if self.case == "trickle-models":
             return self._trickle_head()
+        if self.case == "not-http":  # a status line no HTTP client parses (BadStatusLine)
+            self.close_connection = True
+            self._write(b"SSH-2.0-OpenSSH\r\n\r\n")
+            return None
         self._send(200, json.dumps({"object": "list", "data": [{"id": "m"}]}).encode())
 
     def do_POST(self) -> None:
