@@ -97,6 +97,8 @@ class RowProcessor:
         states = self.batcher.run(row.input_ids, view.plan.aux)
         if not states.finite():
             raise errors.NonFinite(f"row {row_id}: the hidden states hold NaN or inf")
+        if problem := states.problem():
+            raise errors.NonFinite(f"row {row_id}: the hidden states are wrong: {problem}")
         if cancelled.is_set():
             raise errors.LeaseLost(f"lease on row {row_id} taken by another worker")
         spec, run = view.spec, view.store.run

@@ -152,20 +152,36 @@ def render(data: dict[str, Any], clip: bool = True) -> Group:
         _endpoint_table(data, clip),
     ]
     parts: list[RenderableType] = [head, bar, _who(data), _params_line(data), *tables]
+    if data.get("restarted_samples"):
+        parts.append(Text(
+            f"retried under new parameters: {data['restarted_samples']} samples, each started "
+            "again from its first turn"
+        ))  # fmt: skip
     parts += [Text(note, style="yellow") for note in data.get("notes", [])]
     tools = data.get("tool_calls")
     if tools:
-        where = ", ".join(f"turn {t}: {n}" for t, n in tools["stopped_at_turn"].items())
-        parts.append(Text(
-            f"tool-call conversations {tools['conversations']}: kept whole {tools['kept_whole']},"
-            f" stopped at a call of another function {tools['stopped']}"
-            + (f" ({where})" if where else "")
-            + f"; calls with other arguments {tools['arguments_differ']}"
-        ))  # fmt: skip
+        parts.append(_tools_line(tools))
     for name, skew in sorted(data.get("clocks_off", {}).items()):
         parts.append(Text(f"clock of worker {name} is {skew:+.1f} s from Redis's: run NTP",
                           style="yellow"))  # fmt: skip
     return Group(*parts)
+
+
+def _tools_line(tools: dict[str, Any]) -> Text:
+    """How the tool-calling conversations ended: whole, at another function's call, cut."""
+    return Text(
+        f"tool-call conversations {tools['conversations']}: kept whole {tools['kept_whole']},"
+        f" stopped at a call of another function {tools['stopped']}"
+        + _where(tools["stopped_at_turn"])
+        + f", cut (finish_reason length) {tools['cut']}"
+        + _where(tools["cut_at_turn"])
+        + f"; calls with other arguments {tools['arguments_differ']}"
+    )  # fmt: skip
+
+
+def _where(per_turn: dict[str, int]) -> str:
+    where = ", ".join(f"turn {t}: {n}" for t, n in per_turn.items())
+    return f" ({where})" if where else ""
 
 
 def _main_table(d: dict[str, Any]) -> Group:

@@ -4,12 +4,13 @@ A streamed turn is kept only when its last chunk names one of these. vLLM ends a
 aborted (``POST /inference/v1/abort_requests``, a client gone, the engine shutting down) with
 ``finish_reason: "abort"`` and then usage and ``[DONE]``, as a whole answer would end; so do
 some servers with ``"error"``. Those, a reason not listed here, and a stream that names none
-are a broken stream: its partial output is a checkpoint or is thrown away, never a record.
+are a broken stream: its partial output is a checkpoint or is thrown away, never a record or
+a training row.
 """
 
 from __future__ import annotations
 
-FINISHED = frozenset(
+FINISHED_REASONS = frozenset(
     {
         "stop",  # an end-of-turn token or a stop string (every server)
         "length",  # max_tokens or the context window (every server)
@@ -23,4 +24,4 @@ FINISHED = frozenset(
 
 def finished(reason: str | None) -> bool:
     """Whether a turn that ended with ``reason`` is a whole answer."""
-    return reason in FINISHED
+    return reason in FINISHED_REASONS

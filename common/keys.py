@@ -107,6 +107,10 @@ class EndpointKeys:
 # max_tokens, and the later user turns those cuts left unanswered.
 CUT_TURNS = "cut_turns"
 DROPPED_TURNS = "dropped_turns"
+# Turns cut by the context window (prompt + answer reached max_model_len), of CUT_TURNS.
+CONTEXT_CUT_TURNS = "context_cut_turns"
+# Failed samples retried under new parameters, each from its first turn again.
+RESTARTED = "restarted"
 
 # Fields beside a sample's prompt in ``RunKeys.prompts`` (Lua scripts get them as arguments).
 ATTEMPTS_SUFFIX = "|attempts"

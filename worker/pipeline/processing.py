@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import redis
 
 from common import errors, tool_counts
-from common.keys import CUT_TURNS, DROPPED_TURNS
+from common.keys import CONTEXT_CUT_TURNS, CUT_TURNS, DROPPED_TURNS
 from common.logs import secrets_of
 from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
 from common.redact import redact
@@ -31,7 +31,7 @@ from worker.chat.client import ChatClient, Check, Messages
 from worker.endpoints.routing import RouteHint, hint_for
 from worker.pipeline.aborts import Aborter, TurnRequests
 from worker.pipeline.breaker import Breaker
-from worker.pipeline.generate import answer_turns, build_record
+from worker.pipeline.generate import answer_turns, build_record, with_cut
 from worker.pipeline.leases import LeaseKeeper
 from worker.pipeline.observe import Observer
 from worker.pipeline.tool_turns import answer_tool_turns, build_tool_record, request_fields
@@ -223,7 +223,8 @@ class SampleProcessor:
             requests = TurnRequests(store, sample_id, token, self.aborter, progress,
                                     params.max_tokens, base)  # fmt: skip
             turn = Turn(index, resume, progress, requests=requests, fields=fields)
-            result = self._call(store, messages, params, check, hint, turn)
+            result = with_cut(self._call(store, messages, params, check, hint, turn),
+                              params.max_tokens)  # fmt: skip
             hint, resume, index = hint.after(result.endpoint), None, index + 1
             answered.append(result)
             return result
@@ -318,11 +319,15 @@ class SampleProcessor:
 
 
 def _count_cut(store: RunStore, params: GenParams, sample: Sample, turns: list[TurnResult]) -> None:
-    """Turns cut at max_tokens, and the later user turns they left unanswered (a cut turn
-    ends its conversation): counted for ``status``, only for samples that have them."""
+    """Turns cut at max_tokens or by the context window, and the later user turns they left
+    unanswered (a cut turn ends its conversation): counted for ``status``, only for samples
+    that have them."""
     cut = sum(1 for t in turns if t.finish_reason == "length")
+    context = sum(1 for t in turns if t.cut_by == "context")
     dropped = max(len(params.turns_of(sample.user_turns)) - len(turns), 0) if cut else 0
     if cut:
         store.incr(CUT_TURNS, cut)
+    if context:
+        store.incr(CONTEXT_CUT_TURNS, context)
     if dropped:
         store.incr(DROPPED_TURNS, dropped)
