@@ -178,7 +178,17 @@ def test_a_paused_workers_streams_are_aborted_within_a_lease_and_a_reconciler_pa
         assert status["goodput"]["aborted_requests"] == 2
     finally:
         paused.send_signal(signal.SIGCONT)
-        run.procs.kill(paused)
+    # It wakes to vLLM's end of its aborted streams (finish_reason "abort", usage, [DONE]):
+    # none of it is a record; its samples go on from their checkpoints to their whole answers.
+    collector = run.collector()
+    run.wait_complete(900)
+    for child in (paused, collector):
+        run.procs.stop(child)
+    turns = _turns(run.lines())
+    assert len(turns) == 2
+    assert all((t["finish_reason"], len(t["token_ids"])) == ("length", MAX_TOKENS)
+               for t in turns.values()), turns  # fmt: skip
+    assert all(t.get("resumed_from_tokens") for t in turns.values())
     report(f"paused worker: its 2 streams aborted {took:.1f} s after the pause (lease 5 s + "
            f"one reconcile pass); the server generated {orphaned:.0f} tokens for them after "
            f"they were under way, none after the abort (2 x {MAX_TOKENS} without it)")  # fmt: skip
