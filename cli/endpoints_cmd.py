@@ -58,7 +58,7 @@ def _out_of_rotation(client: redis.Redis, prefix: str) -> dict[str, dict[str, st
 
 def _state(view: EndpointView, out: dict[str, str]) -> str:
     runs = [f"out of rotation for {run}: {why}" for run, why in sorted(out.items())]
-    return "; ".join(["drained" if view.drained else "active", *runs])
+    return "; ".join((["drained"] if view.drained else []) + runs) or "active"
 
 
 @endpoints_app.command("list")

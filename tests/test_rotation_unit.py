@@ -66,6 +66,7 @@ def test_refusals_in_a_row_take_the_endpoint_out_of_the_runs_rotation_for_every_
     assert len(a.calls) == OUT_AFTER  # not asked again once out
     why = store.out_of_rotation[A]
     assert why.startswith(f"refused {OUT_AFTER} requests in a row: ") and "HTTP 404" in why
+    assert A not in why  # named beside the reason wherever it is shown
 
 
 def test_an_answer_between_refusals_keeps_the_endpoint_in_rotation():

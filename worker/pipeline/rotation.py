@@ -67,7 +67,8 @@ class Rotation:
             self._streaks[key] = streak = self._streaks.get(key, 0) + 1
         if streak < OUT_AFTER:
             return
-        reason = f"refused {streak} requests in a row: {why}"[:300]
+        # The endpoint is named beside the reason wherever it is shown: not again inside it.
+        reason = f"refused {streak} requests in a row: {why.removeprefix(endpoint + ': ')}"[:300]
         if store.take_endpoint_out(endpoint, reason):
             log.warning("endpoint %s out of rotation for run %s: %s", endpoint, store.run, reason)
         with self._lock:
