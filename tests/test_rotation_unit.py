@@ -101,3 +101,14 @@ def test_with_every_endpoint_out_a_sample_fails_without_a_request_and_says_why()
     with pytest.raises(errors.NoEndpoint, match=f"{A}: refused 3 requests in a row: HTTP 404"):
         _processor(store, a, b).process("r", "s0")
     assert a.calls == b.calls == [] and store.failed["s0"].kind == "no_endpoint"
+
+
+def test_endpoints_retry_failed_brought_back_are_seen_before_a_sample_would_fail():
+    store = store_of(2)
+    store.out_of_rotation = {A: "refused 3 requests in a row: HTTP 404", B: "... HTTP 404"}
+    a, b = FakeClient(_answer(A)), FakeClient()
+    proc = _processor(store, a, b)
+    with pytest.raises(errors.NoEndpoint):
+        proc.process("r", "s0")
+    store.bring_endpoints_back()  # what retry-failed does
+    assert proc.process("r", "s1") == "done"  # well within the process's re-read interval

@@ -102,12 +102,15 @@ def test_over_long_rows_first_fail_alone_and_the_rows_after_them_are_done(stack:
     assert _status(stack)["circuit_open"] is None
 
 
-def test_every_endpoint_refusing_the_same_way_still_opens_the_breaker(stack: Stack, tmp_path):
-    first = start_simulator(stack.procs, "--model-name", "model-a", *ANSWER).endpoint
-    second = start_simulator(stack.procs, "--model-name", "model-b", *ANSWER).endpoint
-    stack.env.update(EAGLEGEN_ENDPOINTS=f"{first},{second}", EAGLEGEN_MODEL=MODEL)
+def test_every_endpoint_refusing_the_same_way_still_opens_the_breaker_until_retried(
+    stack: Stack, tmp_path
+):
+    sims = [start_simulator(stack.procs, "--model-name", name, *ANSWER) for name in "ab"]
+    endpoints = [sim.endpoint for sim in sims]
+    stack.env.update(EAGLEGEN_ENDPOINTS=",".join(endpoints), EAGLEGEN_MODEL=MODEL)
     stack.enqueue(_source(tmp_path, [f"question {i}" for i in range(40)]))
     stack.worker(concurrency=2)
+    stack.collector()
     stack.wait_complete()
 
     figures = _figures(stack)
@@ -115,5 +118,18 @@ def test_every_endpoint_refusing_the_same_way_still_opens_the_breaker(stack: Sta
     assert figures["done"] == 0 and figures["circuit_open"] >= 20
     status = _status(stack)
     assert "samples attempted" in status["circuit_open"]
-    for endpoint in (first, second):
+    for endpoint in endpoints:
         assert f"`{MODEL}` does not exist" in status["endpoints"][endpoint]["out_of_rotation"]
+
+    # The cause fixed (the servers restarted with the run's model), retry-failed closes the
+    # breaker and brings both endpoints back.
+    for sim in sims:
+        stack.procs.stop(sim.proc)
+        start_simulator(stack.procs, *ANSWER, port=int(sim.url.rsplit(":", 1)[1]))
+    again = stack.procs.run(["retry-failed"], stack.env)
+    assert "requeued 40 failed samples" in again.stdout, again.stdout + again.stderr
+    stack.wait_complete()
+    assert _figures(stack) == Counter(done=40)
+    status = _status(stack)
+    assert status["circuit_open"] is None
+    assert not any("out_of_rotation" in e for e in status["endpoints"].values())

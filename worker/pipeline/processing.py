@@ -265,8 +265,7 @@ class SampleProcessor:
         and fails only when none is left."""
         refused: set[str] = set()
         while True:
-            avoid = self.rotation.out(store) | refused
-            self._some_left(store, avoid)
+            avoid = self._avoid(store, refused)
             where = ""
             try:
                 with self.endpoints.borrow(check, hint, avoid) as client:
@@ -292,10 +291,12 @@ class SampleProcessor:
         log.info("%s refused a request of run %s (%s); trying another endpoint",
                  endpoint, store.run, exc)  # fmt: skip
 
-    def _some_left(self, store: RunStore, avoid: frozenset[str]) -> None:
-        """Raise NoEndpoint if every endpoint is out of the run's rotation."""
-        if set(self.settings.endpoints) - avoid:
-            return
+    def _avoid(self, store: RunStore, refused: set[str]) -> frozenset[str]:
+        """The endpoints not to ask for this turn; NoEndpoint if that is every endpoint."""
+        for fresh in (False, True):  # read afresh: retry-failed may have just brought one back
+            avoid = self.rotation.out(store, fresh) | refused
+            if set(self.settings.endpoints) - avoid:
+                return avoid
         why = {**store.refused_endpoints(), **store.endpoints_out()}
         listed = "; ".join(f"{url}: {why.get(url, 'refused')}" for url in self.settings.endpoints)
         raise errors.NoEndpoint(f"no endpoint left for run {store.run}: {listed}")

@@ -37,12 +37,12 @@ class Rotation:
         self._other_model: dict[str, frozenset[str]] = {}  # run -> endpoints on another model
         self._streaks: dict[tuple[str, str], int] = {}  # (run, endpoint) -> refusals in a row
 
-    def out(self, store: RunStore) -> frozenset[str]:
-        """The endpoints not to send the run's requests to."""
+    def out(self, store: RunStore, fresh: bool = False) -> frozenset[str]:
+        """The endpoints not to send the run's requests to (``fresh``: read from Redis now)."""
         now = self._clock()
         with self._lock:
             seen = self._shared.get(store.run)
-        if seen is None or now - seen[0] > REREAD_S:
+        if fresh or seen is None or now - seen[0] > REREAD_S:
             seen = (now, frozenset(store.endpoints_out()))
             with self._lock:
                 self._shared[store.run] = seen
