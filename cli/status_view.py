@@ -97,7 +97,8 @@ def _endpoints(
 
     # This run's endpoints: those its live workers serve, those it has figures of, and those
     # this command was pointed at (EAGLEGEN_ENDPOINTS); not every endpoint this Redis has seen.
-    shown = set(served) | set(stats)
+    out_of_rotation = store.endpoints_out()
+    shown = set(served) | set(stats) | set(out_of_rotation)
     if "endpoints" in settings.model_fields_set or not shown:
         shown |= set(settings.endpoints)
     caps = {url: settings.cap_for(url) for url in sorted(shown)}
@@ -116,6 +117,8 @@ def _endpoints(
         entry["state"] = state.get("state", "-")
         entry["problem"] = state.get("message") or None
         entry["state_at"] = state.get("at")
+    for url, why in out_of_rotation.items():  # for this run only: it refused the run's requests
+        out.setdefault(url, {})["out_of_rotation"] = why
     _add_prefix_caches(out, settings)
     for url, figures in stats.items():
         entry = out.setdefault(url, {})
@@ -276,6 +279,9 @@ def _hit_rate(e: dict[str, Any]) -> str:
 
 
 def _state(e: dict[str, Any], clip: bool = True) -> str:
+    if e.get("out_of_rotation"):
+        why = e["out_of_rotation"]
+        return f"out of rotation: {why[:80] if clip else why}"
     if e.get("state") in ("down", "refusing"):
         problem = e.get("problem") or ""
         return f"{e['state']}: {problem[:80] if clip else problem}"

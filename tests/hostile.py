@@ -192,6 +192,10 @@ class Hostile(BaseHTTPRequestHandler):
         error = {"error": {"message": f"engine died; header was Bearer {SECRET}"}}
         self._stream([sse(error)])
 
+    def _route_404(self) -> None:
+        # A server (or a proxy) without the chat route: FastAPI's body, as vLLM sends it.
+        self._send(404, b'{"detail":"Not Found"}')
+
     def _silent(self) -> None:
         self._hold(60.0)  # not a byte: a request queued behind others
 

@@ -34,6 +34,7 @@ from worker.pipeline.breaker import Breaker
 from worker.pipeline.generate import answer_turns, build_record, with_cut
 from worker.pipeline.leases import LeaseKeeper
 from worker.pipeline.observe import Observer
+from worker.pipeline.rotation import Rotation
 from worker.pipeline.tool_turns import answer_tool_turns, build_tool_record, request_fields
 
 log = logging.getLogger("eaglegen.worker")
@@ -99,7 +100,7 @@ class SampleProcessor:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._params: dict[str, GenParams] = {}
         self._serving: set[tuple[str, str]] = set()  # (run, endpoint) found on the run's model
-        self._refused: dict[str, frozenset[str]] = {}  # run -> endpoints on another model
+        self.rotation = Rotation()  # endpoints out of each run's rotation
         self.breaker = Breaker()
         self._drain_deadline: float | None = None
 
@@ -245,23 +246,61 @@ class SampleProcessor:
         hint: RouteHint, turn: Turn,
     ) -> TurnResult:  # fmt: skip
         try:
-            result = None
-            while result is None:  # again on another endpoint if this one's model is wrong
-                avoid = self._refused.get(store.run, frozenset())
-                with self.endpoints.borrow(check, hint, avoid) as client:
-                    if self._serves(store, client):
-                        result = client.complete(
-                            messages, params, check, turn=turn.index, resume=turn.resume,
-                            progress=turn.requests, fields=turn.fields,
-                        )  # fmt: skip
+            result = self._request(store, messages, params, check, hint, turn)
         except errors.GenerationError as exc:
             _keep_break_point(exc, turn.progress)
             if turn.requests is not None:
                 turn.requests.gave_up(exc)
             self.observer.error(store.run, exc)
             raise
+        self.rotation.answered(store.run, result.endpoint)
         self.observer.turn(store.run, result)
         return result
+
+    def _request(
+        self, store: RunStore, messages: Messages, params: GenParams, check: Check,
+        hint: RouteHint, turn: Turn,
+    ) -> TurnResult:  # fmt: skip
+        """The turn, from an endpoint in the run's rotation: one serving another model is passed
+        over, one refusing the request is not asked again for this turn, which goes to another
+        and fails only when none is left."""
+        refused: set[str] = set()
+        while True:
+            avoid = self._avoid(store, refused)
+            where = ""
+            try:
+                with self.endpoints.borrow(check, hint, avoid) as client:
+                    where = client.endpoint
+                    if self._serves(store, client):
+                        return client.complete(
+                            messages, params, check, turn=turn.index, resume=turn.resume,
+                            progress=turn.requests, fields=turn.fields,
+                        )  # fmt: skip
+            except errors.EndpointRefused as exc:
+                refused.add(where)
+                self._refused_by(store, where, exc, avoid | refused)
+
+    def _refused_by(
+        self, store: RunStore, endpoint: str, exc: errors.EndpointRefused, tried: frozenset[str]
+    ) -> None:
+        """``endpoint`` refused the request whatever the sample: counted towards taking it out
+        of the run's rotation; raised when no other endpoint is left to try."""
+        self.rotation.refused(store, endpoint, redact(str(exc), secrets_of(self.settings)))
+        if not set(self.settings.endpoints) - tried:
+            raise exc
+        self.observer.error(store.run, exc)  # the sample's own failure, if any, comes later
+        log.info("%s refused a request of run %s (%s); trying another endpoint",
+                 endpoint, store.run, exc)  # fmt: skip
+
+    def _avoid(self, store: RunStore, refused: set[str]) -> frozenset[str]:
+        """The endpoints not to ask for this turn; NoEndpoint if that is every endpoint."""
+        for fresh in (False, True):  # read afresh: retry-failed may have just brought one back
+            avoid = self.rotation.out(store, fresh) | refused
+            if set(self.settings.endpoints) - avoid:
+                return avoid
+        why = {**store.refused_endpoints(), **store.endpoints_out()}
+        listed = "; ".join(f"{url}: {why.get(url, 'refused')}" for url in self.settings.endpoints)
+        raise errors.NoEndpoint(f"no endpoint left for run {store.run}: {listed}")
 
     def _serves(self, store: RunStore, client: ChatClient) -> bool:
         """Whether ``client``'s model is the run's (pinning it on the run's first request);
@@ -274,7 +313,7 @@ class SampleProcessor:
         if pinned == model:
             self._serving.add(where)
             return True
-        self._refused[store.run] = self._refused.get(store.run, frozenset()) | {client.endpoint}
+        self.rotation.other_model(store.run, client.endpoint)
         log.warning(
             "endpoint %s refused for run %s: it serves %r, the run's model is %r (one model "
             "per run; it may serve other runs)", client.endpoint, store.run, model, pinned,
