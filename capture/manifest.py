@@ -20,6 +20,7 @@ from capture.store import CaptureStore
 from collector.collect import Collector
 from collector.sink import JsonlSink
 from common.errors import CollectorFenced, ConfigError
+from common.loop_errors import LoopErrors
 from common.settings import Settings
 from common.store import RunStore
 from worker.pipeline.ticker import Ticker
@@ -41,7 +42,7 @@ class ManifestWriters:
         self.settings = settings
         self._stop = threading.Event()
         self._threads: dict[str, threading.Thread] = {}
-        self._ticker = Ticker("manifest-writers", 1.0, self._tick)
+        self._ticker = Ticker("manifest-writers", 1.0, self._tick, LoopErrors.of(client, settings))
 
     def start(self) -> None:
         """Look for runs to write every second (once)."""

@@ -293,20 +293,24 @@ redis.call('HDEL', KEYS[1], ARGV[1])
 return raw
 """
 
-# KEYS: leases, lease_owner, reaped   returns the ids whose lease expired (their holder is
-# gone, or paused). The holder's token is noted in ``reaped``: if it was only paused, its
-# renewal takes the lease back while no one else has (LEASE_RENEW).
+# KEYS: leases, lease_owner, reaped   returns {id1, holder1, id2, holder2...}: the leases that
+# expired (their holder is gone, or paused) and each one's holder token ('' if none). The
+# holder's token is noted in ``reaped``: if it was only paused, its renewal takes the lease
+# back while no one else has (LEASE_RENEW); the reaper aborts that holder's request only.
 REAP_EXPIRED = (
     NOW_MS
     + """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+local out = {}
 for i = 1, #ids do
   local owner = redis.call('HGET', KEYS[2], ids[i])
   if owner then redis.call('HSET', KEYS[3], ids[i], owner) end
   redis.call('ZREM', KEYS[1], ids[i])
   redis.call('HDEL', KEYS[2], ids[i])
+  out[#out + 1] = ids[i]
+  out[#out + 1] = owner or ''
 end
-return ids
+return out
 """
 )
 
