@@ -72,8 +72,8 @@ class Settings(BaseSettings):
     resume: Literal["auto", "off"] = "auto"
     max_retries: int = Field(default=8, ge=0)
     # Takes of one sample's lease at most, whatever ended them (retries, redeliveries, dead or
-    # looping workers): past it the take fails the sample as attempts_exhausted. None: three
-    # times max_retries + 1.
+    # looping workers): past it the take fails the sample as attempts_exhausted. Unset:
+    # 3 × (EAGLEGEN_MAX_RETRIES + 1).
     max_attempts: int | None = Field(default=None, ge=1)
     backoff_base: float = Field(default=2.0, gt=0)
     backoff_max: float = Field(default=300.0, gt=0)
