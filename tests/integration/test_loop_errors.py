@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import threading
 
+from cli import status_view
 from common.loop_errors import LoopErrors, read_loop_errors, restarted
+from common.models import GenParams
 from common.settings import Settings
+from common.store import RunStore
 from tests.harness import wait_for
 from worker.pipeline.ticker import Ticker
 
@@ -46,3 +49,14 @@ def test_a_loop_that_raises_is_started_again_until_it_is_stopped(rdb):
     thread.join(5)
     assert not thread.is_alive() and errors.counts == {"slot-renewer": 2}
     assert read_loop_errors(rdb, "eaglegen")["slot-renewer"]["count"] == 2
+
+
+def test_status_shows_the_exceptions_loops_survived(rdb):
+    settings = Settings(run="shown")
+    store = RunStore(rdb, settings.key_prefix, "shown")
+    store.ensure_params(GenParams())
+    LoopErrors.of(rdb, settings).survived("reconciler", ValueError("garbled entry"))
+    data = status_view.gather(store, settings)
+    assert data["loop_errors"] == {"reconciler": {"count": 1, "last": "ValueError: garbled entry"}}
+    text = " ".join(str(part) for part in status_view.render(data, clip=False).renderables)
+    assert "background loop reconciler survived 1 exceptions" in text
