@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from capture.spec import RowRef
+from capture.store import CaptureStore
 from tests.capture.conftest import ROWS, CaptureStack
 from tests.harness import wait_for
 from tests.hostile import HostileServer
@@ -41,3 +43,15 @@ def test_a_completion_whose_choices_are_not_objects_fails_each_row_once(
     assert max(f.attempts for f in failures) <= RETRIES + 1
     counters = store.r.hgetall(store.keys.counters)
     assert sum(int(v) for k, v in counters.items() if k.startswith("failed:")) == ROWS
+
+
+def test_a_row_taken_max_attempts_times_is_failed_by_the_take(rdb):
+    store = CaptureStore(rdb, "eaglegen", "ceiling")
+    store.accept([RowRef(row=0, tokens=5)])
+    for n in (1, 2):
+        taken = store.take("0", f"w{n}", 30, retries=0, ceiling=2)
+        assert (taken.outcome, taken.attempts, taken.ref) == ("ok", n, RowRef(row=0, tokens=5))
+        store.runs.release("0", f"w{n}")
+    assert store.take("0", "w3", 30, retries=0, ceiling=2).outcome == "exhausted"
+    failure = store.runs.failures()["0"]
+    assert (failure.kind, failure.attempts) == ("attempts_exhausted", 2)
