@@ -14,6 +14,7 @@ from rich.text import Text
 from cli.status_truth import truth
 from common import tool_counts
 from common.clock import redis_time
+from common.loop_errors import read_loop_errors
 from common.sampling import SAMPLING, SERVER_DEFAULT
 from common.settings import Settings
 from common.stats import Snapshot, eta_seconds, read_snapshot
@@ -58,6 +59,8 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
     if tools is not None:  # conversations with tool calls: how many ended, and where
         data["tool_calls"] = tools
     data["clocks_off"] = _clocks_off(store, settings)
+    # Exceptions background loops (reconciler, renewals, heartbeat...) survived, all workers.
+    data["loop_errors"] = read_loop_errors(store.r, settings.key_prefix)
     # One model per run: the pinned one, and the endpoints refused for serving another.
     data["model"] = store.pinned_model()
     data["refused_endpoints"] = store.refused_endpoints()
@@ -167,6 +170,9 @@ def render(data: dict[str, Any], clip: bool = True) -> Group:
     for name, skew in sorted(data.get("clocks_off", {}).items()):
         parts.append(Text(f"clock of worker {name} is {skew:+.1f} s from Redis's: run NTP",
                           style="yellow"))  # fmt: skip
+    for name, seen in sorted(data.get("loop_errors", {}).items()):
+        line = f"background loop {name} survived {seen['count']} exceptions (last: {seen['last']})"
+        parts.append(Text(line + "; see the workers' logs", style="yellow"))
     return Group(*parts)
 
 

@@ -24,6 +24,12 @@ def clocks_key(prefix: str) -> str:
     return f"{prefix}:clocks"
 
 
+def loop_errors_key(prefix: str) -> str:
+    """Hash loop name -> exceptions its thread survived (and ``<loop>:last``: the latest, one
+    line), for ``status``."""
+    return f"{prefix}:loop_errors"
+
+
 def workers_key(prefix: str) -> str:
     """Hash worker name -> its last heartbeat (JSON: queue, endpoints, in flight, when)."""
     return f"{prefix}:workers"

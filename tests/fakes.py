@@ -79,7 +79,10 @@ class FakeStore:
     def params(self) -> GenParams | None:
         return self.params_
 
-    def take(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> Taken:
+    def take(
+        self, sample_id: str, owner: str, ttl_s: float, retries: int = 0, ceiling: int = 0
+    ) -> Taken:
+        # The attempts ceiling is the Lua script's (tests/integration/test_bounded_attempts.py).
         if sample_id not in self.pending:
             return Taken("done")
         if self.leases.get(sample_id, owner) != owner:

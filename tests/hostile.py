@@ -179,9 +179,21 @@ class Hostile(BaseHTTPRequestHandler):
         self._stream(tool_call_events(calls))
 
     def _tool_id_int(self) -> None:
-        call = {"index": 0, "id": 7, "type": "function",
-                "function": {"name": "get_weather", "arguments": "{}"}}  # fmt: skip
-        self._stream(tool_call_events([call]))
+        # A call whose id is a number (the source calls get_weather, so the call matches).
+        call = {
+            "index": 0,
+            "id": 7,
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        }
+        events = [sse(chunk({"tool_calls": [call]})), sse(chunk(finish_reason="tool_calls"))]
+        usage = {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+        events.append(sse({"id": "x", "choices": [], "usage": usage}))
+        self._stream([*events, b"data: [DONE]\n\n"])
+
+    def _completion_choices(self) -> None:
+        # A capture server's completion (JSON, not a stream) whose choices are not objects.
+        self._send(200, b'{"choices": [1]}')
 
     def _secret_500(self) -> None:
         quoted = f"bad request headers: Authorization: Bearer {SECRET}; retry later"

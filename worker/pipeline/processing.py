@@ -74,6 +74,34 @@ def _keep_break_point(exc: errors.GenerationError, progress: TurnCheckpoints | N
         exc.tokens_streamed = max(exc.tokens_streamed - kept, 0)
 
 
+def unexpected(exc: Exception, secrets: list[str]) -> Exception:
+    """``exc``, or, outside EagleGen's tree and Redis's, an :class:`errors.Unexpected` naming it
+    (redacted: its text may be a server's): an attempt like any other, bounded by max_retries."""
+    if isinstance(exc, errors.EagleGenError | redis.RedisError):
+        return exc
+    text = " ".join(redact(f"{type(exc).__name__}: {exc}", secrets).split())[:500]
+    return errors.Unexpected(text)
+
+
+def end_attempt(
+    exc: Exception, retries: int, settings: Settings, secrets: list[str],
+    fail: Callable[[errors.GenerationError], None], release: Callable[[], object],
+) -> Exception:  # fmt: skip
+    """End an attempt that raised ``exc`` under its lease; returns ``exc`` as the tree knows it.
+
+    Any exception is an attempt: one outside the tree is translated here, once, so that the
+    last allowed attempt is stored as failed (``fail``, by the lease's holder) like any other;
+    untranslated, the sample stayed pending, was re-published with its retries at 0, and
+    looped. Else the lease is given back (``release``) for the retry.
+    """
+    known = unexpected(exc, secrets)
+    if isinstance(known, errors.GenerationError) and is_final(known, retries, settings):
+        fail(known)
+    else:
+        release()
+    return known
+
+
 def is_final(exc: BaseException, retries: int, settings: Settings) -> bool:
     """Whether ``exc`` ends the sample as failed on its ``retries``-th retry: a permanent
     error, or a transient one with no retry left (a lost lease or a hand-back never)."""
@@ -103,6 +131,7 @@ class SampleProcessor:
         self.rotation = Rotation()  # endpoints out of each run's rotation
         self.breaker = Breaker()
         self._drain_deadline: float | None = None
+        self._secrets = secrets_of(settings)
 
     def begin_drain(self) -> None:
         """SIGTERM: let in-flight generations finish within the grace time, then hand back."""
@@ -137,10 +166,10 @@ class SampleProcessor:
 
     def _under_lease(self, store: RunStore, sample_id: str, retries: int) -> str:
         token = f"{self.owner}:{uuid.uuid4().hex[:8]}"
-        taken = store.take(sample_id, token, self.settings.lease_ttl, retries)
+        ceiling = self.settings.attempts_ceiling()
+        taken = store.take(sample_id, token, self.settings.lease_ttl, retries, ceiling)
         if taken.outcome != "ok":
-            log.debug("skip %s/%s: %s", store.run, sample_id, taken.outcome)
-            return f"skipped:{taken.outcome}"
+            return self._not_taken(store, sample_id, taken)
         cancelled = self.leases.hold(store.run, sample_id, token)
         if taken.attempts > 1 and self.aborter is not None:
             # Taken over: the previous holder's request may still be generating (paused, cut
@@ -150,18 +179,31 @@ class SampleProcessor:
             # Under the lease: an open breaker fails the sample at once, stored by its holder.
             self.breaker.check(store)
             return self._generate(store, sample_id, taken, token, cancelled)
-        except errors.GenerationError as exc:
-            # Still under the lease (it is renewed until ``process`` returns): a final failure
-            # is stored by its holder, fenced like every other write; else it is given back.
-            if is_final(exc, retries, self.settings):
-                self._fail(store, sample_id, token, exc, taken.attempts)
-            else:
-                store.release(sample_id, token)
-            raise
+        except Exception as exc:
+            known = end_attempt(
+                exc, retries, self.settings, self._secrets,
+                fail=lambda e: self._fail(store, sample_id, token, e, taken.attempts),
+                release=lambda: store.release(sample_id, token),
+            )  # fmt: skip
+            if known is exc:
+                raise
+            if isinstance(known, errors.GenerationError):  # the tree's own are counted earlier
+                self.observer.error(store.run, known)
+            raise known from exc
         except BaseException:
             # Storing the result ends the lease; any other way out gives it back here.
             store.release(sample_id, token)
             raise
+
+    def _not_taken(self, store: RunStore, sample_id: str, taken: Taken) -> str:
+        if taken.outcome != "exhausted":
+            log.debug("skip %s/%s: %s", store.run, sample_id, taken.outcome)
+            return f"skipped:{taken.outcome}"
+        log.warning("failed %s/%s: attempts_exhausted (its lease was taken %d times)",
+                    store.run, sample_id, taken.attempts)  # fmt: skip
+        if self.aborter is not None:  # its last holder's request, if that one still runs
+            self.aborter.reaped(store, [sample_id], "attempts exhausted")
+        return "failed:attempts_exhausted"
 
     def _fail(
         self, store: RunStore, sample_id: str, token: str, exc: errors.GenerationError,
@@ -170,7 +212,7 @@ class SampleProcessor:
         """Record the sample as failed, with the error's class and message, under our lease
         (refused if it is not ours: another worker may yet succeed)."""
         # The reason is kept in Redis and shown by `status`; a server may quote the key back.
-        message = redact(str(exc), secrets_of(self.settings))[:1000]
+        message = redact(str(exc), self._secrets)[:1000]
         failure = Failure(kind=exc.kind, message=message, attempts=attempts, at=time.time())
         if store.store_failure(sample_id, failure, token) == "lease_lost":
             log.info("not failing %s/%s: the lease is not ours any more", store.run, sample_id)
