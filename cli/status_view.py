@@ -14,6 +14,7 @@ from rich.text import Text
 from cli.status_truth import truth
 from common import tool_counts
 from common.clock import redis_time
+from common.loop_errors import read_loop_errors
 from common.sampling import SAMPLING, SERVER_DEFAULT
 from common.settings import Settings
 from common.stats import Snapshot, eta_seconds, read_snapshot
@@ -58,6 +59,8 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
     if tools is not None:  # conversations with tool calls: how many ended, and where
         data["tool_calls"] = tools
     data["clocks_off"] = _clocks_off(store, settings)
+    # Exceptions background loops (reconciler, renewals, heartbeat...) survived, all workers.
+    data["loop_errors"] = read_loop_errors(store.r, settings.key_prefix)
     # One model per run: the pinned one, and the endpoints refused for serving another.
     data["model"] = store.pinned_model()
     data["refused_endpoints"] = store.refused_endpoints()
@@ -97,7 +100,8 @@ def _endpoints(
 
     # This run's endpoints: those its live workers serve, those it has figures of, and those
     # this command was pointed at (EAGLEGEN_ENDPOINTS); not every endpoint this Redis has seen.
-    shown = set(served) | set(stats)
+    out_of_rotation = store.endpoints_out()
+    shown = set(served) | set(stats) | set(out_of_rotation)
     if "endpoints" in settings.model_fields_set or not shown:
         shown |= set(settings.endpoints)
     caps = {url: settings.cap_for(url) for url in sorted(shown)}
@@ -116,6 +120,8 @@ def _endpoints(
         entry["state"] = state.get("state", "-")
         entry["problem"] = state.get("message") or None
         entry["state_at"] = state.get("at")
+    for url, why in out_of_rotation.items():  # for this run only: it refused the run's requests
+        out.setdefault(url, {})["out_of_rotation"] = why
     _add_prefix_caches(out, settings)
     for url, figures in stats.items():
         entry = out.setdefault(url, {})
@@ -164,6 +170,9 @@ def render(data: dict[str, Any], clip: bool = True) -> Group:
     for name, skew in sorted(data.get("clocks_off", {}).items()):
         parts.append(Text(f"clock of worker {name} is {skew:+.1f} s from Redis's: run NTP",
                           style="yellow"))  # fmt: skip
+    for name, seen in sorted(data.get("loop_errors", {}).items()):
+        line = f"background loop {name} survived {seen['count']} exceptions (last: {seen['last']})"
+        parts.append(Text(line + "; see the workers' logs", style="yellow"))
     return Group(*parts)
 
 
@@ -276,6 +285,9 @@ def _hit_rate(e: dict[str, Any]) -> str:
 
 
 def _state(e: dict[str, Any], clip: bool = True) -> str:
+    if e.get("out_of_rotation"):
+        why = e["out_of_rotation"]
+        return f"out of rotation: {why[:80] if clip else why}"
     if e.get("state") in ("down", "refusing"):
         problem = e.get("problem") or ""
         return f"{e['state']}: {problem[:80] if clip else problem}"

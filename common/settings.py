@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     # Continue a broken turn from its checkpoint (auto), or generate it again from the start.
     resume: Literal["auto", "off"] = "auto"
     max_retries: int = Field(default=8, ge=0)
+    # Takes of one sample's lease at most, whatever ended them (retries, redeliveries, dead or
+    # looping workers): past it the take fails the sample as attempts_exhausted. Unset:
+    # 3 × (EAGLEGEN_MAX_RETRIES + 1).
+    max_attempts: int | None = Field(default=None, ge=1)
     backoff_base: float = Field(default=2.0, gt=0)
     backoff_max: float = Field(default=300.0, gt=0)
     # A dead worker's samples run again within lease_ttl + reconcile_interval (about a minute).
@@ -199,6 +203,10 @@ class Settings(BaseSettings):
         if self.visibility_timeout is not None:
             return self.visibility_timeout
         return int(self.max_request_time + self.backoff_max + 600)
+
+    def attempts_ceiling(self) -> int:
+        """How many times a sample's lease may be taken before the take fails it."""
+        return self.max_attempts or 3 * (self.max_retries + 1)
 
     def api_key_value(self) -> str:
         """The API key for the HTTP client; 'EMPTY' as vLLM expects when none is set."""

@@ -205,9 +205,21 @@ class Hostile(BaseHTTPRequestHandler):
         self._stream(tool_call_events(calls))
 
     def _tool_id_int(self) -> None:
-        call = {"index": 0, "id": 7, "type": "function",
-                "function": {"name": "get_weather", "arguments": "{}"}}  # fmt: skip
-        self._stream(tool_call_events([call]))
+        # A call whose id is a number (the source calls get_weather, so the call matches).
+        call = {
+            "index": 0,
+            "id": 7,
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        }
+        events = [sse(chunk({"tool_calls": [call]})), sse(chunk(finish_reason="tool_calls"))]
+        usage = {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+        events.append(sse({"id": "x", "choices": [], "usage": usage}))
+        self._stream([*events, b"data: [DONE]\n\n"])
+
+    def _completion_choices(self) -> None:
+        # A capture server's completion (JSON, not a stream) whose choices are not objects.
+        self._send(200, b'{"choices": [1]}')
 
     def _secret_500(self) -> None:
         quoted = f"bad request headers: Authorization: Bearer {SECRET}; retry later"
@@ -217,6 +229,10 @@ class Hostile(BaseHTTPRequestHandler):
     def _secret_event(self) -> None:
         error = {"error": {"message": f"engine died; header was Bearer {SECRET}"}}
         self._stream([sse(error)])
+
+    def _route_404(self) -> None:
+        # A server (or a proxy) without the chat route: FastAPI's body, as vLLM sends it.
+        self._send(404, b'{"detail":"Not Found"}')
 
     def _silent(self) -> None:
         self._hold(60.0)  # not a byte: a request queued behind others
