@@ -82,6 +82,10 @@ class CaptureApp(BrokerApp):
     def _started(self) -> None:
         self.parts().start()
 
+    def _stopping(self) -> None:
+        if self._parts is not None:
+            self._parts.processor.hand_back_all(self.publish_samples)
+
     def _shut_down(self) -> None:
         if self._parts is not None:
             self._parts.close()
@@ -94,5 +98,5 @@ def create_capture_app(
     """A configured capture app; connects to nothing, loads no model until a task needs it."""
     app = CaptureApp(settings, model_dir, device, backend)
     register_tasks(app, app.settings, app.processor, app.publish_samples, name=CAPTURE_TASK)
-    connect_signals(app, app._started, lambda: None, app._shut_down)
+    connect_signals(app, app._started, app._stopping, app._shut_down)
     return app

@@ -16,6 +16,7 @@ from capture.store import CaptureStore
 from common.keys import capture_reconciler_lock_key
 from common.settings import Settings
 from common.store import RunStores, connect
+from worker.pipeline.heartbeat import Heartbeat
 from worker.pipeline.leases import LeaseKeeper
 from worker.pipeline.reconcile import ReconcilerLoop
 from worker.pipeline.ticker import Ticker
@@ -52,9 +53,12 @@ class CaptureParts:
         self._views: dict[str, RunView] = {}
         self._lock = threading.Lock()
         self.processor = RowProcessor(self.view, self.batcher, self.leases, settings)
-        lock = capture_reconciler_lock_key(settings.key_prefix)
+        lock = capture_reconciler_lock_key(settings.key_prefix, settings.queue)
         self.reconciler = ReconcilerLoop(self.redis, settings, hand_back, lock)
         self.manifests = ManifestWriters(self.redis, settings)
+        # A model loaded here calls no endpoint: its heartbeat names none (endpoint health).
+        beat = settings if not batched else settings.model_copy(update={"endpoints": []})
+        self.heartbeat = Heartbeat(self.redis, beat, self.leases.count)
         self._flusher = Ticker("capture-stats", 1.0, self._flush)
 
     def view(self, run: str) -> RunView:
@@ -75,9 +79,11 @@ class CaptureParts:
         self.start_capturing()
         self.reconciler.start()
         self.manifests.start()
+        self.heartbeat.start()
 
     def close(self) -> None:
         """Stop every thread and close the connection."""
+        self.heartbeat.close()
         self.reconciler.close()
         self.manifests.close()
         self._flusher.close()

@@ -113,7 +113,7 @@ def show_status(settings: Settings, as_json: bool) -> None:
     from capture.store import CaptureStore
 
     store = CaptureStore(open_store(settings).r, settings.key_prefix, settings.run)
-    data: dict[str, Any] = status.gather(store)
+    data: dict[str, Any] = status.gather(store, settings.capture_queue)
     if as_json:
         out.print_json(json.dumps(data))
     else:

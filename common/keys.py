@@ -36,9 +36,10 @@ def reconciler_lock_key(prefix: str, queue: str) -> str:
     return f"{prefix}:reconciler_lock:{queue}"
 
 
-def capture_reconciler_lock_key(prefix: str) -> str:
-    """Held by the one capture worker process running a pass over the capture queue's runs."""
-    return f"{prefix}:capture_reconciler_lock"
+def capture_reconciler_lock_key(prefix: str, queue: str) -> str:
+    """Held by the one capture worker process running a pass over capture queue ``queue``'s
+    runs: one lock per queue, as generation's (two capture pools recover their own rows)."""
+    return f"{prefix}:capture_reconciler_lock:{queue}"
 
 
 @dataclass(frozen=True)
