@@ -11,6 +11,7 @@ transformers). ``--backend vllm`` takes the states from vLLM capture servers ins
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from broker.app import BrokerApp
@@ -48,11 +49,13 @@ class CaptureApp(BrokerApp):
             if self._parts is None:
                 if self.model_dir is None:
                     raise RuntimeError("a capture app without --model cannot run tasks")
+                from capture.identity import ModelIdentity
                 from capture.parts import CaptureParts
 
                 self._parts = CaptureParts(
                     self.settings, self._target(self.model_dir), self.publish_samples,
                     batched=self.capture_backend == "transformers",
+                    identity=ModelIdentity.of(Path(self.model_dir)),
                 )  # fmt: skip
             return self._parts
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from capture.batcher import Runner
 from capture.files import Written, write_atomic
+from capture.identity import ModelIdentity
 from capture.layers import LayerPlan, plan
 from capture.layouts import encode, relative_path, written_by
 from capture.rows import Rows
@@ -38,10 +39,16 @@ log = logging.getLogger("eaglegen.capture")
 class RunView:
     """What a process keeps of a capture run: its spec, rows, layers and statistics."""
 
-    def __init__(self, store: CaptureStore, layers: int) -> None:
+    def __init__(
+        self, store: CaptureStore, layers: int, model: ModelIdentity | None = None
+    ) -> None:
         spec = store.spec()
         if spec is None:
             raise errors.PermanentError(f"run {store.run!r} is not a capture run")
+        if spec.model is not None and model is not None and (why := spec.model.differs(model)):
+            worker = f"{socket.gethostname()}:{os.getpid()}"
+            store.refuse(worker, why)
+            raise errors.WrongModel(f"run {store.run!r} refused by {worker}: {why}")
         self.spec: CaptureSpec = spec
         self.store = store
         self.rows = Rows(Path(spec.tokenized_dir))

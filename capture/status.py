@@ -49,7 +49,10 @@ def _workers(store: CaptureStore, default_queue: str) -> dict[str, Any]:
     now = redis_time(store.r)
     queue = store.runs.queue() or default_queue
     live = live_workers(read_beats(store.r, store.runs.prefix), now, queue)
-    workers = [{"name": b.name, "in_flight": b.in_flight} for b in live]
+    refused = store.refused_workers()
+    workers = [
+        {"name": b.name, "in_flight": b.in_flight, "refuses": refused.get(b.name)} for b in live
+    ]
     return {"queue": queue, "workers": workers}
 
 
@@ -60,12 +63,16 @@ def _temporaries(out_dir: str) -> int:
 def notes(d: dict[str, Any]) -> list[str]:
     """Why the run is not progressing, in plain words."""
     left = d["total"] - d["done"] - d["failed"]
-    if left and not d["workers"]:
-        return [
-            f"no capture worker serves queue {d['queue']}: start one with `eaglegen capture "
-            f"worker --model MODEL` and EAGLEGEN_CAPTURE_QUEUE={d['queue']}"
-        ]
-    return []
+    found = [f"worker {w['name']} refuses the run's rows: {w['refuses']}" for w in d["workers"]
+             if w["refuses"]]  # fmt: skip
+    if left and len(found) == len(d["workers"]):
+        found.append(
+            f"no capture worker serves queue {d['queue']}"
+            + (" with the run's model" if found else "")
+            + f": start one with `eaglegen capture worker --model MODEL` and "
+            f"EAGLEGEN_CAPTURE_QUEUE={d['queue']}"
+        )
+    return found
 
 
 def render(d: dict[str, Any]) -> str:

@@ -222,6 +222,11 @@ class RunKeys:
         return self._key("refused_endpoints")
 
     @property
+    def refused_workers(self) -> str:
+        """Hash worker name -> why it refuses this capture run's rows (another model)."""
+        return self._key("refused_workers")
+
+    @property
     def requests(self) -> str:
         """Hash id -> JSON of the request its lease holder has running (endpoint, the server's
         own request id), so that whoever takes the lease over can abort it."""
@@ -263,7 +268,7 @@ class RunKeys:
             "meta", "accepted", "pending", "prompts", "results",
             "ready", "collecting", "failed", "leases", "lease_owner", "requests", "counters",
             "collector_lock", "stats", "endpoint_stats", "reaped", "producers",
-            "refused_endpoints",
+            "refused_endpoints", "refused_workers",
         ]  # fmt: skip
         return [self._key(name) for name in names]
 

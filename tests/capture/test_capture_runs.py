@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 
 from broker.layout import queue_lists
-from tests.capture.conftest import ROWS, CaptureStack
-from tests.capture.helpers import build_model, make_rows, write_tokenized
+from capture.app import create_capture_app
+from capture.enqueue import ModelShape, enqueue_rows
+from common.settings import Settings
+from tests.capture.conftest import ROWS, CaptureStack, check_manifest, manifest
+from tests.capture.helpers import HIDDEN, LAYERS, VOCAB, build_model, make_rows, write_tokenized
 from tests.harness import wait_for
 
 pytestmark = pytest.mark.integration
@@ -110,3 +113,77 @@ def test_a_stopped_capture_worker_hands_its_rows_back_at_once_and_status_says_so
     assert _queued(capture_stack, capture_stack.env["EAGLEGEN_CAPTURE_QUEUE"]) >= len(held)
     after = _status(capture_stack, "hb")
     assert after["workers"] == [] and "no capture worker serves queue" in after["notes"][0]
+
+
+def test_enqueue_refuses_an_id_outside_the_vocabulary_or_a_row_too_long(
+    capture_stack: CaptureStack, model_dir: Path, tmp_path: Path
+):
+    rows = make_rows(12, seed=8)
+    rows[4][2] = VOCAB + 88  # tokenized with another, larger tokenizer
+    rows[9][0] = VOCAB + 1
+    tokenized = write_tokenized(tmp_path / "tok", rows, model_dir)
+    refused = capture_stack.enqueue(tokenized, "ov", tmp_path / "out", "speculators")
+    assert refused.returncode == 1
+    assert f"row 4 holds token id {VOCAB + 88}" in refused.stderr
+    assert "another tokenizer" in refused.stderr
+    assert capture_stack.store("ov").spec() is None  # nothing recorded, nothing queued
+    long = write_tokenized(tmp_path / "long", [*make_rows(3), [1] * 4097], model_dir)
+    too_long = capture_stack.enqueue(long, "ov", tmp_path / "out", "speculators")
+    assert too_long.returncode == 1 and "row 3 has 4097 tokens" in too_long.stderr
+
+
+def test_a_row_failing_only_in_the_forward_pass_fails_alone_and_its_batch_is_written(
+    capture_stack: CaptureStack, model_dir: Path, tmp_path: Path
+):
+    rows = make_rows(16, seed=9)
+    rows[3][1] = VOCAB + 5  # a config without vocab_size: enqueue cannot see it
+    tokenized = write_tokenized(tmp_path / "tok", rows, model_dir)
+    out = tmp_path / "out"
+    store = capture_stack.store("br")
+    shape = ModelShape(LAYERS, HIDDEN, 4)  # no vocab_size, no max_position_embeddings
+    app = create_capture_app(Settings(redis_url=capture_stack.redis_url, **_queues(capture_stack)))
+    enqueue_rows(store, app.publish, tokenized, out, "speculators", None, shape, app.settings.queue)
+    capture_stack.env["EAGLEGEN_MAX_RETRIES"] = "0"  # any failure of a good row would be final
+    capture_stack.worker(8, EAGLEGEN_CAPTURE_LINGER="0.5")  # the rows share forward passes
+    capture_stack.wait_complete("br")
+    failures = store.runs.failures()
+    assert list(failures) == ["3"] and failures["3"].kind == "bad_row", failures
+    wait_for(lambda: len(manifest(out)) >= 15, 30, "the manifest's lines")
+    assert sorted(line["row"] for line in manifest(out)) == [i for i in range(16) if i != 3]
+
+
+def _queues(stack: CaptureStack) -> dict[str, str]:
+    return {
+        "queue": stack.env["EAGLEGEN_QUEUE"],
+        "capture_queue": stack.env["EAGLEGEN_CAPTURE_QUEUE"],
+    }
+
+
+def test_a_worker_with_another_model_of_the_same_shape_writes_nothing(
+    capture_stack: CaptureStack, tokenized: Path, model_dir: Path, tmp_path: Path
+):
+    out = tmp_path / "out"
+    assert capture_stack.enqueue(tokenized, "pin", out, "speculators").returncode == 0
+    capture_stack.model_dir = build_model(tmp_path / "other", seed=1)  # same depth and width
+    capture_stack.worker(concurrency=4)
+    store = capture_stack.store("pin")
+    wait_for(lambda: store.refused_workers(), 240, capture_stack.procs.logs)
+    # Past the reconciler's passes that publish the dropped rows again, and their refusal.
+    wait_for(lambda: "reconciled run pin" in capture_stack.procs.logs(), 60, "a reconciler pass")
+    queue = capture_stack.env["EAGLEGEN_CAPTURE_QUEUE"]
+    wait_for(lambda: _queued(capture_stack, queue) == 0, 60, "the new messages taken")
+    counts = store.runs.counts()
+    assert (counts.done, counts.failed, counts.pending) == (0, 0, ROWS), counts
+    assert not (out / "hidden_states").exists() or not any((out / "hidden_states").iterdir())
+    shown = _status(capture_stack, "pin")
+    assert "refuses the run's rows" in shown["notes"][0] and "other" in shown["notes"][0]
+    assert "with the run's model" in shown["notes"][-1]
+    capture_stack.model_dir = model_dir  # the run's own model takes the rows
+    capture_stack.worker(concurrency=4)
+    capture_stack.wait_complete("pin")
+    assert len(check_manifest_eventually(out)) == ROWS
+
+
+def check_manifest_eventually(out: Path) -> list[dict[str, Any]]:
+    wait_for(lambda: len(manifest(out)) >= ROWS, 30, "the manifest's lines")
+    return check_manifest(out, ROWS)
