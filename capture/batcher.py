@@ -1,13 +1,16 @@
 """Rows from many task threads into one forward pass, up to a token budget.
 
-Each task thread hands in its row and waits; one thread takes whatever is waiting (after a
-short linger for the batch to fill), cuts it at the budget (padded tokens: rows x longest),
-runs the model and gives each thread its row's states. A row longer than the budget runs
-alone. A batch whose forward pass fails is run again row by row, so that one bad row (an id
-the model cannot embed, say) fails alone, with a permanent kind, and the others are written; an
-error that leaves the accelerator unusable (``torch.AcceleratorError``: a device-side assert
-poisons the CUDA context) fails every row as handed back and calls ``on_fatal``, which ends
-the process (its supervisor restarts it) rather than fail every later row.
+Each task thread hands in its row and waits; one thread takes what is waiting (after a
+short linger for the batch to fill): the oldest row and the rows nearest it in length, up to
+the budget (padded tokens: rows x longest) and to a bound on padding, runs the model and
+gives each thread its row's states. A row longer than the budget runs alone. The states may
+still be on their way from the GPU: each row waits for them in its own thread, so the next
+batch starts at once. A batch whose forward pass fails is run again row by row, so that one
+bad row (an id the model cannot embed, say) fails alone, with a permanent kind, and the others
+are written; an error that leaves the accelerator unusable (``torch.AcceleratorError``: a
+device-side assert poisons the CUDA context) fails every row as handed back and calls
+``on_fatal``, which ends the process (its supervisor restarts it) rather than fail every
+later row.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ class Unbatched:
 
     def run(self, ids: list[int], aux: tuple[int, int, int]) -> States:
         """This row's states."""
-        return self.forward([ids], aux)[0]
+        states = self.forward([ids], aux)[0]
+        states.wait()
+        return states
 
     def close(self) -> None:
         """Nothing runs in the background."""
@@ -73,20 +78,45 @@ def _row_error(exc: BaseException) -> BaseException:
     return errors.BadRow(f"the forward pass fails on this row alone: {type(exc).__name__}: {exc}")
 
 
-def take_batch(waiting: list[_Waiting], budget: int) -> list[_Waiting]:
-    """The longest prefix of ``waiting`` (same aux layers) whose padded size fits ``budget``;
-    at least one row."""
+# Padded tokens a batch may compute beyond its rows' own (the GPU's time on them is lost).
+MAX_PADDING = 0.05
+
+
+def take_batch(
+    waiting: list[_Waiting], budget: int, max_padding: float = MAX_PADDING
+) -> list[_Waiting]:
+    """The oldest row of ``waiting`` and those nearest it in length (same aux layers), grown
+    while the padded size fits ``budget`` and pads at most ``max_padding``; at least one row."""
     first = waiting[0]
-    batch, longest = [first], len(first.ids)
-    for item in waiting[1:]:
-        if item.aux != first.aux:
-            continue
-        grown = max(longest, len(item.ids))
-        if grown * (len(batch) + 1) > budget:
+    by_length = sorted((w for w in waiting if w.aux == first.aux), key=lambda w: len(w.ids))
+    lo = hi = next(i for i, w in enumerate(by_length) if w is first)
+    size = _Size(len(first.ids), len(first.ids), 1)
+    while True:
+        grown = [
+            (size.plus(len(by_length[j].ids)), j)
+            for j in (lo - 1, hi + 1)
+            if 0 <= j < len(by_length)
+        ]
+        fits = [(s, j) for s, j in grown if s.padded <= min(budget, s.real * (1 + max_padding))]
+        if not fits:
             break
-        batch.append(item)
-        longest = grown
-    return batch
+        size, j = min(fits, key=lambda sj: sj[0].padded - sj[0].real)
+        lo, hi = min(lo, j), max(hi, j)
+    return by_length[lo : hi + 1]
+
+
+@dataclass(frozen=True)
+class _Size:
+    real: int  # the rows' own tokens
+    longest: int
+    rows: int
+
+    @property
+    def padded(self) -> int:
+        return self.longest * self.rows
+
+    def plus(self, tokens: int) -> _Size:
+        return _Size(self.real + tokens, max(self.longest, tokens), self.rows + 1)
 
 
 class Batcher:
@@ -112,7 +142,15 @@ class Batcher:
         with self._cond:
             self._waiting.append(item)
             self._cond.notify()
-        return item.future.result()
+        states = item.future.result()
+        try:
+            states.wait()  # its copy from the device, if one is still in flight
+        except BaseException as exc:  # a CUDA error may surface only here
+            if not _fatal(exc):
+                raise
+            self.on_fatal()
+            raise errors.DeviceLost(f"the accelerator is unusable: {exc}") from None
+        return states
 
     def close(self) -> None:
         """Stop after the current batch."""

@@ -17,6 +17,7 @@ from capture.manifest import ManifestWriters
 from capture.processor import RowProcessor, RunView
 from capture.store import CaptureStore
 from common.keys import capture_reconciler_lock_key
+from common.loop_errors import LoopErrors
 from common.settings import Settings
 from common.store import RunStores, connect
 from worker.pipeline.heartbeat import Heartbeat
@@ -48,7 +49,9 @@ class CaptureParts:
     ) -> None:  # fmt: skip
         self.settings = settings
         self.redis: redis.Redis = connect(settings.redis_url, settings.redis_sentinel_master)
-        self.leases = LeaseKeeper(RunStores(self.redis, settings.key_prefix), settings.lease_ttl)
+        self.loop_errors = LoopErrors.of(self.redis, settings)
+        stores = RunStores(self.redis, settings.key_prefix)
+        self.leases = LeaseKeeper(stores, settings.lease_ttl, self.loop_errors)
         linger = settings.capture_linger if settings.concurrency > 1 else 0.0
         # Servers batch their requests themselves: each row then goes on its own.
         self.batcher: Runner = (
@@ -68,7 +71,7 @@ class CaptureParts:
         # A model loaded here calls no endpoint: its heartbeat names none (endpoint health).
         beat = settings if not batched else settings.model_copy(update={"endpoints": []})
         self.heartbeat = Heartbeat(self.redis, beat, self.leases.count)
-        self._flusher = Ticker("capture-stats", 1.0, self._flush)
+        self._flusher = Ticker("capture-stats", 1.0, self._flush, self.loop_errors)
 
     def view(self, run: str) -> RunView:
         """A run's spec, rows and layers, read once per process."""

@@ -12,6 +12,7 @@ from capture.files import stale_temporaries
 from capture.store import CaptureStore
 from common.clock import redis_time
 from common.liveness import live_workers, read_beats
+from common.loop_errors import read_loop_errors
 from common.stats import eta_seconds, read_snapshot
 
 
@@ -38,6 +39,7 @@ def gather(store: CaptureStore, default_queue: str) -> dict[str, Any]:
         "tokens_per_s": round(snap.tokens_per_s_minute, 1),
         "eta_s": None if eta is None else round(eta), "failures": kinds,
         "last_errors": {k: f.message for k, f in list(failures.items())[:3]},
+        "loop_errors": read_loop_errors(store.r, store.runs.prefix),
         "stray_temporaries": _temporaries(spec.out_dir) if spec and counts.complete else None,
         **_workers(store, default_queue), "at": time.time(),
     }  # fmt: skip

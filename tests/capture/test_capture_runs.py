@@ -135,7 +135,7 @@ def test_enqueue_refuses_an_id_outside_the_vocabulary_or_a_row_too_long(
 def test_a_row_failing_only_in_the_forward_pass_fails_alone_and_its_batch_is_written(
     capture_stack: CaptureStack, model_dir: Path, tmp_path: Path
 ):
-    rows = make_rows(16, seed=9)
+    rows = make_rows(16, seed=9, low=20, high=20)  # one length: the rows share batches
     rows[3][1] = VOCAB + 5  # a config without vocab_size: enqueue cannot see it
     tokenized = write_tokenized(tmp_path / "tok", rows, model_dir)
     out = tmp_path / "out"
