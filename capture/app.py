@@ -11,6 +11,7 @@ transformers). ``--backend vllm`` takes the states from vLLM capture servers ins
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from broker.app import BrokerApp
@@ -50,11 +51,13 @@ class CaptureApp(BrokerApp):
             if self._parts is None:
                 if self.model_dir is None:
                     raise RuntimeError("a capture app without --model cannot run tasks")
+                from capture.identity import ModelIdentity
                 from capture.parts import CaptureParts
 
                 self._parts = CaptureParts(
                     self.settings, self._target(self.model_dir), self.publish_samples,
                     batched=self.capture_backend != "vllm",
+                    identity=ModelIdentity.of(Path(self.model_dir)),
                 )  # fmt: skip
             return self._parts
 
@@ -90,6 +93,10 @@ class CaptureApp(BrokerApp):
     def _started(self) -> None:
         self.parts().start()
 
+    def _stopping(self) -> None:
+        if self._parts is not None:
+            self._parts.processor.hand_back_all(self.publish_samples)
+
     def _shut_down(self) -> None:
         if self._parts is not None:
             self._parts.close()
@@ -110,5 +117,5 @@ def create_capture_app(
     """A configured capture app; connects to nothing, loads no model until a task needs it."""
     app = CaptureApp(settings, model_dir, device, backend, synthetic_rate)
     register_tasks(app, app.settings, app.processor, app.publish_samples, name=CAPTURE_TASK)
-    connect_signals(app, app._started, lambda: None, app._shut_down)
+    connect_signals(app, app._started, app._stopping, app._shut_down)
     return app

@@ -5,7 +5,12 @@ short linger for the batch to fill): the oldest row and the rows nearest it in l
 the budget (padded tokens: rows x longest) and to a bound on padding, runs the model and
 gives each thread its row's states. A row longer than the budget runs alone. The states may
 still be on their way from the GPU: each row waits for them in its own thread, so the next
-batch starts at once.
+batch starts at once. A batch whose forward pass fails is run again row by row, so that one
+bad row (an id the model cannot embed, say) fails alone, with a permanent kind, and the others
+are written; an error that leaves the accelerator unusable (``torch.AcceleratorError``: a
+device-side assert poisons the CUDA context) fails every row as handed back and calls
+``on_fatal``, which ends the process (its supervisor restarts it) rather than fail every
+later row.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from capture.forward import States
+from common import errors
 
 Forward = Callable[[list[list[int]], tuple[int, int, int]], list[States]]
 
@@ -52,6 +58,24 @@ class _Waiting:
     ids: list[int]
     aux: tuple[int, int, int]
     future: Future[States] = field(default_factory=Future)
+
+
+def _fatal(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.AcceleratorError)
+
+
+def _row_error(exc: BaseException) -> BaseException:
+    """A row's own failure: ours and Redis's as they are; out of memory stays transient (a
+    shorter batch may fit); anything else the model raised on this row alone is the row's."""
+    import torch
+
+    if isinstance(exc, errors.EagleGenError | torch.OutOfMemoryError) or not isinstance(
+        exc, Exception
+    ):
+        return exc
+    return errors.BadRow(f"the forward pass fails on this row alone: {type(exc).__name__}: {exc}")
 
 
 # Padded tokens a batch may compute beyond its rows' own (the GPU's time on them is lost).
@@ -98,8 +122,12 @@ class _Size:
 class Batcher:
     """Collects rows and runs them in batches on one thread."""
 
-    def __init__(self, forward: Forward, budget: int, linger_s: float) -> None:
+    def __init__(
+        self, forward: Forward, budget: int, linger_s: float,
+        on_fatal: Callable[[], None] = lambda: None,
+    ) -> None:  # fmt: skip
         self.forward = forward
+        self.on_fatal = on_fatal
         self.budget = budget
         self.linger_s = linger_s
         self._waiting: list[_Waiting] = []
@@ -115,7 +143,13 @@ class Batcher:
             self._waiting.append(item)
             self._cond.notify()
         states = item.future.result()
-        states.wait()  # its copy from the device, if one is still in flight
+        try:
+            states.wait()  # its copy from the device, if one is still in flight
+        except BaseException as exc:  # a CUDA error may surface only here
+            if not _fatal(exc):
+                raise
+            self.on_fatal()
+            raise errors.DeviceLost(f"the accelerator is unusable: {exc}") from None
         return states
 
     def close(self) -> None:
@@ -130,11 +164,25 @@ class Batcher:
             try:
                 states = self.forward([w.ids for w in batch], batch[0].aux)
             except BaseException as exc:  # handed to the rows' threads, which decide
-                for w in batch:
-                    w.future.set_exception(exc)
+                self._failed(batch, exc)
                 continue
             for w, s in zip(batch, states, strict=True):
                 w.future.set_result(s)
+
+    def _failed(self, batch: list[_Waiting], exc: BaseException) -> None:
+        if _fatal(exc):
+            lost = errors.DeviceLost(f"the accelerator is unusable: {type(exc).__name__}: {exc}")
+            for w in batch:
+                w.future.set_exception(lost)
+            self.on_fatal()
+        elif len(batch) == 1:
+            batch[0].future.set_exception(_row_error(exc))
+        else:
+            for w in batch:  # which row broke the batch: each one alone
+                try:
+                    w.future.set_result(self.forward([w.ids], w.aux)[0])
+                except BaseException as alone:
+                    self._failed([w], alone)
 
     def _next(self) -> list[_Waiting]:
         with self._cond:

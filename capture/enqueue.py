@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from capture.identity import ModelIdentity
 from capture.layers import plan
 from capture.manifest import MANIFEST
-from capture.rows import fingerprint, row_lengths
+from capture.rows import fingerprint, first_out_of_vocab, row_lengths
 from capture.spec import CaptureSpec, Layout, RowRef
 from capture.store import CaptureStore
 from common.errors import ConfigError
@@ -32,6 +33,8 @@ class ModelShape:
     layers: int
     hidden: int
     dtype_bytes: int
+    vocab: int | None = None  # ids at or above it are not the model's
+    max_positions: int | None = None  # the longest row the model takes
 
     @classmethod
     def read(cls, model_dir: Path) -> ModelShape:
@@ -42,9 +45,11 @@ class ModelShape:
             raise ConfigError(f"cannot read {model_dir}/config.json: {exc}") from exc
         config = config.get("text_config") or config
         dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+        vocab, positions = config.get("vocab_size"), config.get("max_position_embeddings")
         return cls(
             int(config["num_hidden_layers"]), int(config["hidden_size"]),
             DTYPE_BYTES.get(dtype.replace("torch.", ""), 4),
+            int(vocab) if vocab else None, int(positions) if positions else None,
         )  # fmt: skip
 
     def bytes_for(self, tokens: int) -> int:
@@ -74,7 +79,29 @@ def model_of(tokenized_dir: Path, model: Path | None) -> Path:
     found = Path(str(stats.get("tokenizer", "")))
     if stats.get("tokenizer") and (found / "config.json").is_file():
         return found
-    raise ConfigError("give --model MODEL_DIR: its config.json sizes the disk estimate")
+    raise ConfigError(
+        f"{tokenized_dir} names no target model: give --model MODEL_DIR (the run is pinned to "
+        "it; its config.json sizes the disk estimate)"
+    )
+
+
+def check_rows(tokenized_dir: Path, lengths: list[int], shape: ModelShape) -> None:
+    """Refuse, before anything is queued, rows the model cannot take: an id outside its
+    vocabulary (the batched forward pass would fail every row with it; on CUDA, a device
+    assert) or more tokens than its positions."""
+    if shape.max_positions is not None:
+        long = next((i for i, n in enumerate(lengths) if n > shape.max_positions), None)
+        if long is not None:
+            raise ConfigError(
+                f"row {long} has {lengths[long]} tokens, more than the model's "
+                f"max_position_embeddings ({shape.max_positions}): shorten or drop such rows"
+            )
+    if shape.vocab is not None and (bad := first_out_of_vocab(tokenized_dir, shape.vocab)):
+        row, token = bad
+        raise ConfigError(
+            f"row {row} holds token id {token}, outside the model's vocab_size ({shape.vocab}): "
+            "was the dataset tokenized with another tokenizer? Tokenize with the target's own"
+        )
 
 
 def claim_out_dir(out_dir: Path, run: str) -> None:
@@ -100,14 +127,16 @@ def claim_out_dir(out_dir: Path, run: str) -> None:
 def enqueue_rows(
     store: CaptureStore, publish: Any, tokenized_dir: Path, out_dir: Path, layout: Layout,
     aux: tuple[int, ...] | None, shape: ModelShape, queue: str, force: bool = False,
+    model: ModelIdentity | None = None,
 ) -> Enqueued:  # fmt: skip
     """Check, record and queue the rows; ``publish(run, ids)`` sends the new ones."""
     tokenized_dir, out_dir = tokenized_dir.resolve(), out_dir.resolve()
     plan(layout, shape.layers, aux)  # refuse layers the model does not have, before anything
     lengths = row_lengths(tokenized_dir)
+    check_rows(tokenized_dir, lengths, shape)
     spec = CaptureSpec(
         tokenized_dir=str(tokenized_dir), fingerprint=fingerprint(tokenized_dir),
-        out_dir=str(out_dir), layout=layout, aux_layers=aux, rows=len(lengths),
+        out_dir=str(out_dir), layout=layout, aux_layers=aux, rows=len(lengths), model=model,
     )  # fmt: skip
     existing = store.spec()
     if existing is not None and existing.fingerprint != spec.fingerprint:

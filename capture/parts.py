@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import threading
 from typing import Any, Protocol
 
@@ -10,6 +12,7 @@ import redis
 
 from capture.batcher import Batcher, Runner, Unbatched
 from capture.forward import States
+from capture.identity import ModelIdentity
 from capture.manifest import ManifestWriters
 from capture.processor import RowProcessor, RunView
 from capture.store import CaptureStore
@@ -17,9 +20,13 @@ from common.keys import capture_reconciler_lock_key
 from common.loop_errors import LoopErrors
 from common.settings import Settings
 from common.store import RunStores, connect
+from worker.pipeline.heartbeat import Heartbeat
 from worker.pipeline.leases import LeaseKeeper
 from worker.pipeline.reconcile import ReconcilerLoop
 from worker.pipeline.ticker import Ticker
+
+log = logging.getLogger("eaglegen.capture")
+DEVICE_LOST_EXIT = 3  # the worker's exit status when its accelerator became unusable
 
 
 class Target(Protocol):
@@ -37,8 +44,9 @@ class CaptureParts:
     """One capture process's parts, wired; threads start in ``start()``."""
 
     def __init__(
-        self, settings: Settings, model: Target, hand_back: Any, batched: bool = True
-    ) -> None:
+        self, settings: Settings, model: Target, hand_back: Any, batched: bool = True,
+        identity: ModelIdentity | None = None,
+    ) -> None:  # fmt: skip
         self.settings = settings
         self.redis: redis.Redis = connect(settings.redis_url, settings.redis_sentinel_master)
         self.loop_errors = LoopErrors.of(self.redis, settings)
@@ -47,17 +55,22 @@ class CaptureParts:
         linger = settings.capture_linger if settings.concurrency > 1 else 0.0
         # Servers batch their requests themselves: each row then goes on its own.
         self.batcher: Runner = (
-            Batcher(model.forward, settings.capture_token_budget, linger)
+            Batcher(model.forward, settings.capture_token_budget, linger, self._device_lost)
             if batched
             else Unbatched(model.forward)
         )
         self.model = model
+        self.identity = identity  # of the model folder: a run pinned to another is refused
+        self.hand_back = hand_back
         self._views: dict[str, RunView] = {}
         self._lock = threading.Lock()
         self.processor = RowProcessor(self.view, self.batcher, self.leases, settings)
-        lock = capture_reconciler_lock_key(settings.key_prefix)
+        lock = capture_reconciler_lock_key(settings.key_prefix, settings.queue)
         self.reconciler = ReconcilerLoop(self.redis, settings, hand_back, lock)
         self.manifests = ManifestWriters(self.redis, settings)
+        # A model loaded here calls no endpoint: its heartbeat names none (endpoint health).
+        beat = settings if not batched else settings.model_copy(update={"endpoints": []})
+        self.heartbeat = Heartbeat(self.redis, beat, self.leases.count)
         self._flusher = Ticker("capture-stats", 1.0, self._flush, self.loop_errors)
 
     def view(self, run: str) -> RunView:
@@ -65,8 +78,14 @@ class CaptureParts:
         with self._lock:
             if run not in self._views:
                 store = CaptureStore(self.redis, self.settings.key_prefix, run)
-                self._views[run] = RunView(store, self.model.layers)
+                self._views[run] = RunView(store, self.model.layers, self.identity)
             return self._views[run]
+
+    def _device_lost(self) -> None:
+        # Every later forward pass would fail too: the rows go back, the supervisor restarts us.
+        log.critical("the accelerator is unusable: handing every row back and exiting")
+        self.processor.hand_back_all(self.hand_back)
+        os._exit(DEVICE_LOST_EXIT)
 
     def start_capturing(self) -> None:
         """What a task needs running: lease renewal."""
@@ -78,9 +97,11 @@ class CaptureParts:
         self.start_capturing()
         self.reconciler.start()
         self.manifests.start()
+        self.heartbeat.start()
 
     def close(self) -> None:
         """Stop every thread and close the connection."""
+        self.heartbeat.close()
         self.reconciler.close()
         self.manifests.close()
         self._flusher.close()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from capture.batcher import Runner
 from capture.files import Written, write_atomic
+from capture.identity import ModelIdentity
 from capture.layers import LayerPlan, plan
 from capture.layouts import encode, relative_path, written_by
 from capture.rows import Rows
@@ -40,10 +41,16 @@ log = logging.getLogger("eaglegen.capture")
 class RunView:
     """What a process keeps of a capture run: its spec, rows, layers and statistics."""
 
-    def __init__(self, store: CaptureStore, layers: int) -> None:
+    def __init__(
+        self, store: CaptureStore, layers: int, model: ModelIdentity | None = None
+    ) -> None:
         spec = store.spec()
         if spec is None:
             raise errors.PermanentError(f"run {store.run!r} is not a capture run")
+        if spec.model is not None and model is not None and (why := spec.model.differs(model)):
+            worker = f"{socket.gethostname()}:{os.getpid()}"
+            store.refuse(worker, why)
+            raise errors.WrongModel(f"run {store.run!r} refused by {worker}: {why}")
         self.spec: CaptureSpec = spec
         self.store = store
         self.rows = Rows(Path(spec.tokenized_dir))
@@ -66,9 +73,26 @@ class RowProcessor:
         self.lease_ttl = settings.lease_ttl
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._secrets = secrets_of(settings)
+        self._stopping = threading.Event()
+
+    def hand_back_all(self, hand_back: Callable[[str, list[str]], object]) -> None:
+        """SIGTERM: every row held goes back to the queue now (a forward pass under way is
+        not written: its lease is released and its work told to stop); rows taken later are
+        handed back unstarted."""
+        self._stopping.set()
+        by_run: dict[str, list[str]] = {}
+        for run, row_id, token in self.leases.held():
+            self.leases.cancel(run, row_id)
+            if self.views(run).store.runs.release(row_id, token):
+                by_run.setdefault(run, []).append(row_id)
+        for run, ids in by_run.items():
+            hand_back(run, ids)
+            log.warning("stopping: %d rows of %s handed back to the queue", len(ids), run)
 
     def process(self, run: str, row_id: str, retries: int = 0) -> str:
         """Capture one row; returns what happened (the task's result)."""
+        if self._stopping.is_set():
+            raise errors.HandedBack(f"worker stopping; row {row_id} goes back to the queue")
         if not self.leases.claim(run, row_id):
             return "skipped:here"
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,14 +71,35 @@ class Rows:
 
 def row_lengths(tokenized_dir: Path) -> list[int]:
     """Tokens of every row, read with pyarrow alone (no ``datasets``, no torch: enqueue)."""
-    import pyarrow as pa
     import pyarrow.compute as pc
+
+    lengths: list[int] = []
+    for ids in _id_columns(tokenized_dir):
+        lengths += [int(n) for n in pc.list_value_length(ids).to_pylist()]
+    return lengths
+
+
+def first_out_of_vocab(tokenized_dir: Path, vocab: int) -> tuple[int, int] | None:
+    """(row, id) of the first row holding an id outside ``[0, vocab)``; None: every id fits."""
+    import pyarrow.compute as pc
+
+    offset = 0
+    for ids in _id_columns(tokenized_dir):
+        flat = pc.list_flatten(ids)
+        bad = pc.indices_nonzero(pc.or_(pc.less(flat, 0), pc.greater_equal(flat, vocab)))
+        if len(bad):
+            at = bad[0].as_py()
+            return offset + int(pc.list_parent_indices(ids)[at].as_py()), int(flat[at].as_py())
+        offset += len(ids)
+    return None
+
+
+def _id_columns(tokenized_dir: Path) -> Iterator[Any]:
+    import pyarrow as pa
 
     folder = dataset_dir(tokenized_dir)
     state = json.loads((folder / "state.json").read_text())
-    lengths: list[int] = []
     for entry in state.get("_data_files", []):
         with pa.memory_map(str(folder / str(entry["filename"]))) as source:
-            table = pa.ipc.open_stream(source).read_all()
-        lengths += [int(n) for n in pc.list_value_length(table.column("input_ids")).to_pylist()]
-    return lengths
+            # Chunk by chunk: list_parent_indices counts rows within its own array.
+            yield from pa.ipc.open_stream(source).read_all().column("input_ids").chunks

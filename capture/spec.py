@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from capture.identity import ModelIdentity
+
 Layout = Literal["specforge", "speculators"]
 LAYOUTS: tuple[Layout, ...] = ("specforge", "speculators")
 
@@ -23,6 +25,8 @@ class CaptureSpec(BaseModel):
     # layer i); None: the trainer's defaults for the model's layer count.
     aux_layers: tuple[int, ...] | None = None
     rows: int = Field(ge=0)
+    # The target the run was enqueued for (None: a run made before runs were pinned).
+    model: ModelIdentity | None = None
 
 
 class RowRef(BaseModel):

@@ -97,6 +97,14 @@ class CaptureStore:
         ref = RowRef.model_validate_json(reply[2]) if reply[2] else None
         return TakenRow("ok", int(reply[1]), ref)
 
+    def refuse(self, worker: str, why: str) -> None:
+        """Record that ``worker`` refuses the run's rows, and why (for ``status``)."""
+        self.r.hset(self.keys.refused_workers, worker, why)
+
+    def refused_workers(self) -> dict[str, str]:
+        """Workers that refused the run's rows, and why."""
+        return {str(w): str(why) for w, why in self.r.hgetall(self.keys.refused_workers).items()}
+
     def add_bytes(self, amount: int) -> None:
         """Bytes of files whose manifest line was stored (for ``status``)."""
         self.r.hincrby(self.keys.counters, BYTES_COUNTER, amount)

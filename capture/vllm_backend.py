@@ -24,7 +24,9 @@ vLLM's source:
 So the servers must extract the run's aux indices and ``L``; ``EAGLEGEN_CAPTURE_SERVER_LAYERS``
 says which ids they were started with when that is a superset, and a file with another layer
 count, dtype, or other token ids is refused. The worker must see the server's files at the
-path the server names (same node, or the same shared storage mounted at the same path).
+path the server names (same node, or the same shared storage mounted at the same path), and
+only in ``EAGLEGEN_CAPTURE_SERVER_DIR`` (``capture/server_files.py``): a server cannot make the
+worker read or remove any other file.
 
 Endpoints: each row goes to the next endpoint in turn with a free place under its configured
 cap (``EAGLEGEN_MAX_INFLIGHT`` / ``EAGLEGEN_ENDPOINT_CAPS``), counted in this process only: not
@@ -36,20 +38,18 @@ take every other row's attempt.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from capture import server_files
 from capture.forward import States
 from common import errors
 from common.logs import secrets_of
@@ -58,7 +58,6 @@ from worker.chat import transport
 from worker.chat.client import status_error, translate_errors
 
 RESPONSE_BODY = 1 << 24  # a completion whose prompt ids are echoed: ~6 bytes a token
-LOCK_POLL = 0.02  # seconds between looks at a lock still held
 
 
 @dataclass(frozen=True)
@@ -193,6 +192,7 @@ class VllmForward:
             for url in settings.endpoints
         }
         self._models: dict[str, str] = {}
+        self.folder = server_files.server_dir(settings.capture_server_dir)
         self._secrets = secrets_of(settings)
 
     def forward(self, batch: list[list[int]], aux: tuple[int, int, int]) -> list[States]:
@@ -207,22 +207,26 @@ class VllmForward:
             conn.close()
 
     def row(self, ids: list[int], aux: tuple[int, int, int], extracted: list[int]) -> States:
-        """One row: request, wait for the file, check the ids, read it; the file is removed
-        whatever happens (once whole: a file removed mid-write would be written anew)."""
+        """One row: request, check the path it names, wait for the file, read it, remove it,
+        then check what it holds. A path outside the servers' folder is refused untouched."""
         with self._endpoints.borrow() as url:
             try:
-                path, echoed = self._request(url, ids)
+                raw, echoed = self._request(url, ids)
             except (errors.ConnectError, errors.TimeoutError_, errors.ServerError):
                 self._endpoints.failed(url)
                 raise
-        try:
-            _wait_unlocked(path, self.settings.capture_lock_timeout)
-            if echoed is not None and echoed != ids:
-                raise errors.BadResponse(f"{url}: the server echoed other prompt ids than the row")
-            data = _load(path, url)
-        finally:
-            _remove(path)
-        return self._states(data, ids, aux, extracted, url)
+        path = server_files.accepted(raw, self.folder, url)
+        server_files.wait_unlocked(path, self.settings.capture_lock_timeout)
+        content = server_files.read_bounded(path, self._most_bytes(len(ids), extracted), url)
+        server_files.remove(path)  # read whole: this request's file, whatever it holds
+        if echoed is not None and echoed != ids:
+            raise errors.BadResponse(f"{url}: the server echoed other prompt ids than the row")
+        return self._states(_decode(content, path, url), ids, aux, extracted, url)
+
+    def _most_bytes(self, tokens: int, extracted: list[int]) -> int:
+        """The largest file a row's states can take: [n, k, H] states and n int64 ids."""
+        width = self.target.dtype.itemsize * len(extracted) * self.target.hidden
+        return tokens * (width + 8) + server_files.HEADER_SLACK
 
     def _request(self, url: str, ids: list[int]) -> tuple[str, list[int] | None]:
         body = {
@@ -295,44 +299,10 @@ def _path_and_echo(answer: Any, url: str) -> tuple[str, list[int] | None]:
     return path, None if echoed is None else [int(i) for i in echoed]
 
 
-def _wait_unlocked(path: str, timeout: float) -> None:
-    """Until ``path.lock`` is gone or no longer held (vLLM releases its flock when the file is
-    whole; older writers remove the lock file instead)."""
-    deadline = time.monotonic() + timeout
-    lock = path + ".lock"
-    while True:
-        try:
-            fd = os.open(lock, os.O_RDONLY)
-        except FileNotFoundError:
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-        finally:
-            os.close(fd)
-        if time.monotonic() > deadline:
-            raise errors.TimeoutError_(f"{path}: still locked after {timeout:g}s")
-        time.sleep(LOCK_POLL)
-
-
-def _load(path: str, url: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+def _decode(content: bytes, path: Path, url: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
 
     try:
-        return load_file(path, device="cpu")
-    except FileNotFoundError:
-        raise errors.BadResponse(
-            f"{url}: {path} not found here: the worker must see the server's files at the same "
-            "path (same node or shared storage)"
-        ) from None
+        return load(content)
     except Exception as exc:  # a torn or foreign file: safetensors raises its own errors
         raise errors.BadResponse(f"{url}: {path} unreadable: {exc}") from None
-
-
-def _remove(path: str) -> None:
-    for name in (path, path + ".lock"):
-        with suppress(FileNotFoundError):
-            os.remove(name)

@@ -29,13 +29,17 @@ def enqueue(
         str | None, typer.Option(help="i,j,k in the layout's convention (default: its own).")
     ] = None,
     model: Annotated[
-        Path | None, typer.Option(help="Target model folder (default: the tokenizer's).")
+        Path | None,
+        typer.Option(
+            help="Target model folder (default: the tokenizer's); the run is pinned to it."
+        ),
     ] = None,
     force: Annotated[bool, typer.Option(help="Enqueue even if the disk looks too small.")] = False,
 ) -> None:
     """Queue one capture task per row of a tokenized dataset (each row once per run)."""
     from capture.app import create_capture_app
     from capture.enqueue import ModelShape, enqueue_rows, model_of
+    from capture.identity import ModelIdentity
     from capture.layers import parse_aux
     from capture.spec import LAYOUTS
     from capture.store import CaptureStore
@@ -45,12 +49,13 @@ def enqueue(
     settings = load_settings(run=run)
     try:
         aux = parse_aux(aux_layers)
-        shape = ModelShape.read(model_of(tokenized_dir, model))
+        target = model_of(tokenized_dir, model)
+        shape = ModelShape.read(target)
         store = CaptureStore(open_store(settings).r, settings.key_prefix, settings.run)
         app = create_capture_app(settings)
         done = enqueue_rows(
             store, app.publish, tokenized_dir, out_dir, layout, aux, shape,
-            app.settings.queue, force,
+            app.settings.queue, force, ModelIdentity.of(target),
         )  # fmt: skip
     except (ConfigError, ValueError) as exc:
         fail(str(exc))
@@ -120,7 +125,7 @@ def show_status(settings: Settings, as_json: bool) -> None:
     from capture.store import CaptureStore
 
     store = CaptureStore(open_store(settings).r, settings.key_prefix, settings.run)
-    data: dict[str, Any] = status.gather(store)
+    data: dict[str, Any] = status.gather(store, settings.capture_queue)
     if as_json:
         out.print_json(json.dumps(data))
     else:

@@ -1,11 +1,12 @@
 """``eaglegen failed`` (which samples failed, and why) and ``eaglegen retry-failed`` (run them
 again, under new generation parameters if given: a sample whose parameters change starts again
-from its first turn, so that its record's parameters are those of every turn)."""
+from its first turn, so that its record's parameters are those of every turn). A capture run's
+failed rows are listed and retried as capture tasks on the run's capture queue."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,7 +22,11 @@ from cli.gen_options import (
 from cli.shared import RunOpt, console, fail, load_settings, open_store, out
 from common.models import GenParams, Sample
 from common.params import validated
+from common.settings import Settings
 from common.store import RunStore
+
+if TYPE_CHECKING:
+    from capture.spec import CaptureSpec
 
 KindOpt = Annotated[str | None, typer.Option("--kind", help="Only failures of this kind.")]
 
@@ -36,7 +41,8 @@ def failed(
     store = open_store(settings)
     if not store.exists():
         fail(f"no run named {settings.run!r}")
-    rows = failed_rows(store, kind)
+    capture = capture_spec(store) is not None
+    rows = failed_capture_rows(store, kind) if capture else failed_rows(store, kind)
     if as_json:
         print(json.dumps(rows, ensure_ascii=False, indent=2))
         return
@@ -46,6 +52,9 @@ def failed(
             f"{row['message']}{_own_params(row['params'])}", highlight=False, soft_wrap=True,
             markup=False,
         )  # fmt: skip
+    if capture:
+        console.print(f"{len(rows)} failed rows in capture run {store.run!r}", highlight=False)
+        return
     console.print(
         f"{len(rows)} failed samples in run {store.run!r} (retry-failed with new parameters "
         "starts each again from its first turn)",
@@ -70,6 +79,23 @@ def failed_rows(store: RunStore, kind: str | None = None) -> list[dict[str, Any]
          "source": _source(s), "params": s.params.model_dump(exclude_none=True)
          if s is not None and s.params is not None else None}
         for (i, f), s in zip(failures, samples, strict=True)
+    ]  # fmt: skip
+
+
+def capture_spec(store: RunStore) -> CaptureSpec | None:
+    """The run's capture spec (None: a generation run)."""
+    from capture.store import CaptureStore
+
+    return CaptureStore(store.r, store.prefix, store.run).spec()
+
+
+def failed_capture_rows(store: RunStore, kind: str | None = None) -> list[dict[str, Any]]:
+    """A capture run's failed rows, as ``failed_rows`` (the source: the tokenized row)."""
+    failures = sorted(store.failures().items(), key=lambda item: item[1].at)
+    return [
+        {"id": i, "kind": f.kind, "message": f.message, "attempts": f.attempts, "at": f.at,
+         "source": f"row {i}", "params": None}
+        for i, f in failures if kind is None or f.kind == kind
     ]  # fmt: skip
 
 
@@ -103,6 +129,8 @@ def retry_failed(
         generation_config, max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         min_p=min_p,
     )  # fmt: skip
+    if capture_spec(store) is not None:
+        return _retry_capture(settings, store, changes)
     if changes:
         base = store.params() or GenParams()
         probe = validated(GenParams, {**base.model_dump(), **changes})
@@ -122,6 +150,22 @@ def retry_failed(
         f"requeued {sent} failed samples of run {settings.run!r}{shown}", highlight=False,
         soft_wrap=True,
     )  # fmt: skip
+
+
+def _retry_capture(settings: Settings, store: RunStore, changes: dict[str, Any]) -> None:
+    """A capture run's failed rows back on its own capture queue, as capture tasks."""
+    from broker.app import create_broker_app
+    from broker.message import CAPTURE_TASK
+    from broker.publish import publish
+
+    if changes:
+        fail(f"run {store.run!r} is a capture run: generation options ({', '.join(changes)}) "
+             "do not apply to it")  # fmt: skip
+    queue = store.queue() or settings.capture_queue
+    ids = store.requeue_failed()
+    sent = publish(create_broker_app(settings), queue, store.run, ids, task=CAPTURE_TASK)
+    shown = f"requeued {sent} failed rows of capture run {store.run!r} on queue {queue}"
+    out.print(shown, highlight=False)
 
 
 def _estimates(store: RunStore, params: GenParams) -> list[int]:

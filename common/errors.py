@@ -107,6 +107,14 @@ class LeaseLost(TransientError):
     kind = "lease_lost"
 
 
+class WrongModel(LeaseLost):
+    """This worker's model is not the one the capture run is pinned to: its message is dropped
+    (not retried here, not a failure); the row stays pending for a worker with the run's model,
+    the reconciler publishing it again."""
+
+    kind = "wrong_model"
+
+
 class HandedBack(GenerationError):
     """The worker is stopping: give the sample back to the queue, it did nothing wrong."""
 
@@ -185,3 +193,17 @@ class CaptureMismatch(PermanentError):
     the server was started for another layout or model."""
 
     kind = "capture_mismatch"
+
+
+class BadRow(PermanentError):
+    """The target's forward pass fails on this row alone (an id its embedding does not have,
+    say): the same row fails the same way every time."""
+
+    kind = "bad_row"
+
+
+class DeviceLost(HandedBack):
+    """The accelerator is unusable (a CUDA error poisons the process's context): the rows go
+    back to the queue and the worker exits, for its supervisor to restart it."""
+
+    kind = "device_lost"

@@ -42,9 +42,10 @@ def reconciler_lock_key(prefix: str, queue: str) -> str:
     return f"{prefix}:reconciler_lock:{queue}"
 
 
-def capture_reconciler_lock_key(prefix: str) -> str:
-    """Held by the one capture worker process running a pass over the capture queue's runs."""
-    return f"{prefix}:capture_reconciler_lock"
+def capture_reconciler_lock_key(prefix: str, queue: str) -> str:
+    """Held by the one capture worker process running a pass over capture queue ``queue``'s
+    runs: one lock per queue, as generation's (two capture pools recover their own rows)."""
+    return f"{prefix}:capture_reconciler_lock:{queue}"
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,11 @@ class RunKeys:
         return self._key("refused_endpoints")
 
     @property
+    def refused_workers(self) -> str:
+        """Hash worker name -> why it refuses this capture run's rows (another model)."""
+        return self._key("refused_workers")
+
+    @property
     def endpoints_out(self) -> str:
         """Hash endpoint -> why it is out of the run's rotation (it refused the run's requests,
         whatever the sample: a 404, a 401); emptied by ``retry-failed``."""
@@ -278,7 +284,7 @@ class RunKeys:
             "meta", "accepted", "pending", "prompts", "results",
             "ready", "collecting", "failed", "leases", "lease_owner", "requests", "counters",
             "collector_lock", "stats", "endpoint_stats", "reaped", "producers",
-            "refused_endpoints", "endpoints_out",
+            "refused_endpoints", "endpoints_out", "refused_workers",
         ]  # fmt: skip
         return [self._key(name) for name in names]
 

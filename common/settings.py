@@ -153,6 +153,9 @@ class Settings(BaseSettings):
     # vLLM backend (capture/vllm_backend.py): the eagle_aux_hidden_state_layer_ids the capture
     # servers were started with, "i,j,k,L" (unset: exactly the ones the run's layout needs).
     capture_server_layers: str | None = None
+    # vLLM backend: the capture servers' shared_storage_path as mounted on the worker's node;
+    # the only folder whose files a server may name (read, then removed). Required there.
+    capture_server_dir: str | None = None
     # Seconds a row waits for the server's hidden-state file to be whole (its .lock released).
     capture_lock_timeout: float = Field(default=120.0, gt=0)
 

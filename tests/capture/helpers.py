@@ -25,11 +25,14 @@ HIDDEN = 64
 VOCAB = 512
 
 
-def build_model(out: Path, dtype: str = "float32", nan_token: int | None = None) -> Path:
-    """A random Qwen3ForCausalLM in ``out``; ``nan_token``: that token's embedding is NaN."""
+def build_model(
+    out: Path, dtype: str = "float32", nan_token: int | None = None, seed: int = 0
+) -> Path:
+    """A random Qwen3ForCausalLM in ``out``; ``nan_token``: that token's embedding is NaN;
+    ``seed``: another seed, another model of the same shape."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     config = Qwen3Config(
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16,

@@ -23,12 +23,13 @@ def test_a_completion_whose_choices_are_not_objects_fails_each_row_once(
 ):
     server = HostileServer()
     try:
-        out = tmp_path / "out"
+        out, served = tmp_path / "out", tmp_path / "served"
+        served.mkdir()
         assert capture_stack.enqueue(tokenized, "odd", out, "speculators").returncode == 0
         capture_stack.worker(
             4, "--backend", "vllm", EAGLEGEN_ENDPOINTS=server.endpoint("completion-choices"),
             EAGLEGEN_MAX_RETRIES=str(RETRIES), EAGLEGEN_LEASE_TTL="2",
-            EAGLEGEN_RECONCILE_INTERVAL="1",
+            EAGLEGEN_RECONCILE_INTERVAL="1", EAGLEGEN_CAPTURE_SERVER_DIR=str(served),
         )  # fmt: skip
         store = capture_stack.store("odd").runs
         wait_for(

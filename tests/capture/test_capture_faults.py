@@ -6,6 +6,7 @@ size and checksum), and no temporary file counted.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from capture.files import stale_temporaries
 from tests.capture.conftest import CaptureStack, check_manifest, manifest
 from tests.capture.helpers import make_rows, write_tokenized
 from tests.harness import Procs, free_port, start_redis, wait_for
@@ -76,6 +78,10 @@ def test_a_killed_and_a_paused_worker_lose_no_row_and_write_none_twice(
     counts = store.runs.counts()
     assert counts.failed == 0 and counts.written == 80
     assert took < 200, took
+    # Whatever attempt the killed and the paused worker were at, no temporary file is left.
+    assert stale_temporaries(out) == []
+    shown = capture_stack.procs.run(["status", "--run", "f", "--json"], capture_stack.env)
+    assert json.loads(shown.stdout)["stray_temporaries"] == 0
 
 
 def test_capture_rides_out_a_redis_restart(procs: Procs, model_dir: Path, tmp_path: Path):

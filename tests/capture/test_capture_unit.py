@@ -15,6 +15,7 @@ from capture.forward import TargetModel
 from capture.layers import parse_aux, plan
 from capture.layouts import encode, relative_path, written_by
 from capture.rows import Row
+from common import errors
 from common.errors import NotOurs
 from tests.capture.helpers import build_model
 
@@ -124,3 +125,85 @@ def test_nan_states_are_seen(tmp_path: Path):
     model = TargetModel(str(build_model(tmp_path / "m", nan_token=7)))
     clean, poisoned = model.forward([[5, 6, 8], [5, 7, 8]], (1, 3, 6))
     assert clean.finite() and not poisoned.finite()
+
+
+def _rows_at_once(batcher: Batcher, rows: list[list[int]]) -> list[object]:
+    """Each row's states or exception, the rows handed in together (one batch)."""
+    got: list[object] = [None] * len(rows)
+
+    def one(i: int) -> None:
+        try:
+            got[i] = batcher.run(rows[i], (1, 2, 3))
+        except BaseException as exc:  # the row's own outcome
+            got[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(rows))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    batcher.close()
+    return got
+
+
+def test_a_row_that_breaks_its_batch_fails_alone_with_a_permanent_kind():
+    batches: list[int] = []
+
+    class Done(int):
+        def wait(self) -> None:
+            pass
+
+    def forward(batch, aux):
+        batches.append(len(batch))
+        if any(600 in ids for ids in batch):
+            raise IndexError("index out of range in self")  # what an embedding raises
+        return [Done(sum(ids)) for ids in batch]
+
+    batcher = Batcher(forward, budget=1000, linger_s=0.2)  # type: ignore[arg-type]
+    got = _rows_at_once(batcher, [[1, 2, 3], [4, 600, 5], [6, 7, 8], [9, 10, 11]])
+    assert got[0] == 6 and got[2] == 21 and got[3] == 30
+    assert isinstance(got[1], errors.BadRow) and "IndexError" in str(got[1])
+    assert batches[0] == 4  # one batch first, then each row alone
+
+
+def test_an_unusable_accelerator_hands_the_rows_back_and_ends_the_process():
+    fatal = threading.Event()
+
+    def forward(batch, aux):
+        raise torch.AcceleratorError("CUDA error: device-side assert triggered")
+
+    batcher = Batcher(forward, 1000, 0.2, on_fatal=fatal.set)  # type: ignore[arg-type]
+    got = _rows_at_once(batcher, [[1, 2], [3, 4]])
+    assert all(isinstance(g, errors.DeviceLost) for g in got) and fatal.is_set()
+    assert isinstance(got[0], errors.HandedBack)  # the task hands it back, it did no wrong
+
+
+class _Killed(BaseException):
+    """The process died here."""
+
+
+def test_the_attempt_that_completes_a_row_removes_every_attempts_temporary(tmp_path: Path):
+    path = tmp_path / "hidden_states" / "hs_3.safetensors"
+
+    def killed() -> bool:
+        raise _Killed  # after its temporary file was written whole
+
+    with pytest.raises(_Killed):
+        write_atomic(path, b"first attempt", lambda p: True, killed)
+    assert len(stale_temporaries(tmp_path)) == 1
+    write_atomic(path, b"second attempt", lambda p: True)
+    assert stale_temporaries(tmp_path) == [] and path.read_bytes() == b"second attempt"
+    assert [p.name for p in path.parent.iterdir()] == ["hs_3.safetensors"]
+
+
+def test_a_writer_paused_after_its_check_leaves_the_new_holders_file(tmp_path: Path):
+    path = tmp_path / "hs_3.safetensors"
+
+    def checked_then_paused() -> bool:
+        # While it is paused: the row taken over, written and listed by another worker.
+        write_atomic(path, b"the new holder's", lambda p: True)
+        return True  # what the check said, just before the pause
+
+    with pytest.raises(errors.LeaseLost):
+        write_atomic(path, b"the paused one's", lambda p: True, checked_then_paused)
+    assert path.read_bytes() == b"the new holder's" and stale_temporaries(tmp_path) == []

@@ -37,7 +37,9 @@ def test_the_vllm_backend_writes_the_states_of_a_direct_forward_pass_and_of_tran
     sf_out, sp_out = tmp_path / "sf", tmp_path / "sp"
     assert capture_stack.enqueue(tokenized, "vsf", sf_out, "specforge").returncode == 0
     assert capture_stack.enqueue(tokenized, "vsp", sp_out, "speculators").returncode == 0
-    capture_stack.worker(4, "--backend", "vllm", EAGLEGEN_ENDPOINTS=endpoint)
+    capture_stack.worker(
+        4, "--backend", "vllm", EAGLEGEN_ENDPOINTS=endpoint, EAGLEGEN_CAPTURE_SERVER_DIR=str(served)
+    )
     capture_stack.wait_complete("vsf")
     capture_stack.wait_complete("vsp")
     ref, local = Reference(model_dir), TargetModel(str(model_dir))
@@ -82,7 +84,9 @@ def test_a_wrong_echo_or_other_layers_write_nothing(
     out = tmp_path / "out"
     assert capture_stack.enqueue(tokenized, "bad", out, "speculators").returncode == 0
     capture_stack.env["EAGLEGEN_MAX_RETRIES"] = "0"
-    capture_stack.worker(4, "--backend", "vllm", EAGLEGEN_ENDPOINTS=endpoint)
+    capture_stack.worker(
+        4, "--backend", "vllm", EAGLEGEN_ENDPOINTS=endpoint, EAGLEGEN_CAPTURE_SERVER_DIR=str(served)
+    )
     store = capture_stack.store("bad")
     wait_for(lambda: store.runs.counts().failed == ROWS, 90, capture_stack.procs.logs)
     assert not (out / "hidden_states").exists() or not any((out / "hidden_states").iterdir())

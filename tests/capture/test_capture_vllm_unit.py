@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from capture.vllm_backend import VllmForward, _Endpoints, _wait_unlocked, server_layers
+from capture.server_files import wait_unlocked
+from capture.vllm_backend import VllmForward, _Endpoints, server_layers
 from common import errors
 from common.settings import Settings
 from tests.capture.helpers import build_model
@@ -20,7 +21,9 @@ from tests.capture.helpers import build_model
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory) -> VllmForward:
     model = build_model(tmp_path_factory.mktemp("vllm-unit") / "model")
-    return VllmForward(Settings(endpoints=["http://127.0.0.1:9/v1"]), str(model))
+    served = tmp_path_factory.mktemp("served")
+    settings = Settings(endpoints=["http://127.0.0.1:9/v1"], capture_server_dir=str(served))
+    return VllmForward(settings, str(model))
 
 
 def test_the_servers_layers_are_the_runs_or_a_superset_named_in_the_settings():
@@ -33,15 +36,15 @@ def test_the_servers_layers_are_the_runs_or_a_superset_named_in_the_settings():
 
 
 def test_the_wait_ends_when_the_writer_lets_go_of_the_lock_or_after_the_timeout(tmp_path: Path):
-    path = str(tmp_path / "f.safetensors")
-    _wait_unlocked(path, 1)  # no lock file: whole already
-    fd = os.open(path + ".lock", os.O_CREAT | os.O_WRONLY, 0o644)
+    path = tmp_path / "f.safetensors"
+    wait_unlocked(path, 1)  # no lock file: whole already
+    fd = os.open(f"{path}.lock", os.O_CREAT | os.O_WRONLY, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)
     with pytest.raises(errors.TimeoutError_):
-        _wait_unlocked(path, 0.1)
+        wait_unlocked(path, 0.1)
     threading.Timer(0.2, os.close, (fd,)).start()  # vLLM releases the flock, keeps the file
     began = time.monotonic()
-    _wait_unlocked(path, 5)
+    wait_unlocked(path, 5)
     assert 0.1 < time.monotonic() - began < 3
 
 

@@ -66,6 +66,18 @@ class LeaseKeeper:
             self._held.pop((run, sample_id), None)
             self._claimed.discard((run, sample_id))
 
+    def held(self) -> list[tuple[str, str, str]]:
+        """(run, id, lease token) of every lease held now."""
+        with self._lock:
+            return [(run, i, token) for (run, i), (token, _) in self._held.items()]
+
+    def cancel(self, run: str, sample_id: str) -> None:
+        """Tell the work on a lease to stop (it was given back)."""
+        with self._lock:
+            entry = self._held.get((run, sample_id))
+        if entry is not None:
+            entry[1].set()
+
     def count(self) -> int:
         """Generations running now."""
         with self._lock:
