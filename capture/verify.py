@@ -19,9 +19,10 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from pydantic import ValidationError
@@ -36,7 +37,7 @@ from capture.checks import (
 from capture.layers import plan
 from capture.layouts import RUN_KEY, relative_path
 from capture.manifest import manifest_path
-from capture.recompute import TOLERANCE, Recompute, worst_error
+from capture.recompute import TOKEN_FACTOR, TOLERANCE, Recompute, difference
 from capture.rows import Row, Rows, fingerprint
 from capture.spec import CaptureSpec, Layout, ManifestLine
 from common.errors import ConfigError
@@ -65,6 +66,14 @@ class Decoded:
     mask: list[int] | None
     aux: torch.Tensor
     final: torch.Tensor
+
+
+class RowSource(Protocol):
+    """The tokenized rows (``capture.rows.Rows``), by index."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Row: ...
 
 
 class Unfit(Exception):
@@ -190,12 +199,13 @@ def recompute_faults(got: Decoded, row: Row, expect: Expect, model: Recompute) -
     tolerance = TOLERANCE.get(expect.dtype, 1e-3)
     off = []
     for name, (a, b) in pairs.items():
-        error, token = worst_error(a, b)
-        if not error <= tolerance:  # NaN too
-            off.append(f"{name} (relative error {error:.3g} at token {token})")
+        gap = difference(a, b)
+        if not gap.within(tolerance):
+            off.append(f"{name} (relative error {gap.row:.3g}, {gap.token:.3g} at token {gap.at})")
     if not off:
         return []
-    detail = f"differs from a direct forward pass: {', '.join(off)}; tolerance {tolerance:g}"
+    limits = f"tolerance {tolerance:g}, {TOKEN_FACTOR * tolerance:g} for a token"
+    detail = f"differs from a direct forward pass: {', '.join(off)}; {limits}"
     return [Fault("recompute", detail)]
 
 
@@ -226,7 +236,7 @@ class Verifier:
     """Checks the files of one run, row by row."""
 
     def __init__(
-        self, expect: Expect, rows: Rows, out_dir: Path, model: Recompute | None = None
+        self, expect: Expect, rows: RowSource, out_dir: Path, model: Recompute | None = None
     ) -> None:
         self.expect = expect
         self.rows = rows
@@ -234,33 +244,47 @@ class Verifier:
         self.model = model
         self.recomputed = 0
 
-    def row(self, line: ManifestLine, recompute: bool) -> tuple[list[Fault], int]:
-        """A manifest line's faults (none: the row is good) and the bytes read."""
+    def cheap(self, line: ManifestLine) -> tuple[list[Fault], int]:
+        """A manifest line's faults found without the model (none: the row is good) and the
+        bytes read. Thread-safe."""
+        blob = self._blob(line)
+        if isinstance(blob, Fault):
+            return [blob], 0
+        faults = _whole_faults(blob, line)
+        got = _decode(self.expect.layout, blob)
+        if isinstance(got, Fault):
+            return [*faults, got], len(blob)
+        return faults + content_faults(got, self.rows[line.row], self.expect), len(blob)
+
+    def recompute(self, line: ManifestLine) -> list[Fault]:
+        """A row that passed the cheap checks against the model's own states (one at a time)."""
+        assert self.model is not None
+        blob = self._blob(line)
+        got = blob if isinstance(blob, Fault) else _decode(self.expect.layout, blob)
+        if isinstance(got, Fault):  # changed since its cheap checks
+            return [got]
+        self.recomputed += 1
+        return recompute_faults(got, self.rows[line.row], self.expect, self.model)
+
+    def _blob(self, line: ManifestLine) -> bytes | Fault:
         if not 0 <= line.row < len(self.rows):
-            return [Fault("unknown_row", f"the dataset has {len(self.rows)} rows")], 0
+            return Fault("unknown_row", f"the dataset has {len(self.rows)} rows")
         rel = relative_path(self.expect.layout, line.row)
         if line.file != rel:
-            return [Fault("path", f"the manifest names {line.file!r}, the row's file is {rel}")], 0
+            return Fault("path", f"the manifest names {line.file!r}, the row's file is {rel}")
         try:
-            blob = (self.out_dir / rel).read_bytes()
+            return (self.out_dir / rel).read_bytes()
         except FileNotFoundError:
-            return [Fault("missing", f"{rel} does not exist")], 0
-        faults = _whole_faults(blob, line)
-        faults += self._content(blob, self.rows[line.row], recompute and not faults)
-        return faults, len(blob)
+            return Fault("missing", f"{rel} does not exist")
 
-    def _content(self, blob: bytes, row: Row, recompute: bool) -> list[Fault]:
-        try:
-            got = decode(self.expect.layout, blob)
-        except Unfit as exc:
-            return [Fault("shape", str(exc))]
-        except Exception as exc:  # a torn file: torch and safetensors raise their own errors
-            return [Fault("unreadable", f"{type(exc).__name__}: {str(exc)[:200]}")]
-        faults = content_faults(got, row, self.expect)
-        if recompute and not faults and self.model is not None:
-            self.recomputed += 1
-            faults = recompute_faults(got, row, self.expect, self.model)
-        return faults
+
+def _decode(layout: Layout, blob: bytes) -> Decoded | Fault:
+    try:
+        return decode(layout, blob)
+    except Unfit as exc:
+        return Fault("shape", str(exc))
+    except Exception as exc:  # a torn file: torch and safetensors raise their own errors
+        return Fault("unreadable", f"{type(exc).__name__}: {str(exc)[:200]}")
 
 
 def _whole_faults(blob: bytes, line: ManifestLine) -> list[Fault]:
@@ -294,29 +318,44 @@ def sample_rows(rows: list[int], share: float) -> set[int]:
 
 
 def verify_run(
-    spec: CaptureSpec, verifier: Verifier, share: float,
-    advance: Callable[[int], None] = lambda n: None,
+    spec: CaptureSpec, verifier: Verifier, share: float, jobs: int = 1,
+    advance: Callable[[int, int], None] = lambda done, total: None,
 ) -> Report:  # fmt: skip
-    """Check every manifest line's row; ``advance(bytes)`` after each."""
+    """Every manifest line's row through the cheap checks (``jobs`` rows at a time), then the
+    sample recomputed; ``advance(done, total)`` after each row of either pass."""
     began = time.monotonic()
     run = verifier.expect.run
     report = Report(run, spec.layout, str(verifier.out_dir), spec.rows)
     lines, report.notes = read_manifest(verifier.out_dir)
-    chosen = sample_rows([line.row for line in lines], share)
     seen: set[int] = set()
+    todo = []
     for line in lines:
-        faults = _line_faults(line, run, seen)
-        if not faults:
-            faults, size = verifier.row(line, line.row in chosen)
+        if faults := _line_faults(line, run, seen):
+            _add(report, line.row, faults)
+        else:
+            todo.append(line)
+    chosen = sample_rows([line.row for line in todo], share) if verifier.model else set()
+    total = len(todo) + len(chosen)
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        results = zip(todo, pool.map(verifier.cheap, todo), strict=True)
+        for done, (line, (faults, size)) in enumerate(results):
             report.bytes += size
-            advance(size)
-        if faults:
-            report.bad.setdefault(line.row, []).extend(faults)
+            _add(report, line.row, faults)
+            advance(done + 1, total)
+    for done, line in enumerate((x for x in todo if x.row in chosen), len(todo) + 1):
+        if line.row not in report.bad:
+            _add(report, line.row, verifier.recompute(line))
+        advance(done, total)
     report.checked, report.recomputed = len(seen), verifier.recomputed
     if (missing := spec.rows - len(seen)) > 0:
         report.notes.append(f"{missing} rows have no manifest line (failed or not yet captured)")
     report.seconds = time.monotonic() - began
     return report
+
+
+def _add(report: Report, row: int, faults: list[Fault]) -> None:
+    if faults:
+        report.bad.setdefault(row, []).extend(faults)
 
 
 def _line_faults(line: ManifestLine, run: str, seen: set[int]) -> list[Fault]:

@@ -114,6 +114,9 @@ def verify(
         Path | None, typer.Option(help="Target model folder (default: the tokenizer's).")
     ] = None,
     device: Annotated[str, typer.Option(help="Device of the recompute: cpu or cuda:N.")] = "cpu",
+    jobs: Annotated[
+        int | None, typer.Option(min=1, help="Rows checked at a time (default: CPUs, at most 8).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
 ) -> None:
     """Check every file of a capture run (checksum, ids, lengths, shapes, values, final norm)
@@ -129,8 +132,8 @@ def verify(
         verifier = open_verifier(spec, settings.run, out_dir, model, device, sample)
     except ConfigError as exc:
         fail(str(exc))
-    with _progress(spec.rows) as advance:
-        report = verify_run(spec, verifier, sample, advance)
+    with _progress() as advance:
+        report = verify_run(spec, verifier, sample, jobs or min(8, os.cpu_count() or 1), advance)
     data = report.to_json()
     if as_json:
         out.print_json(json.dumps(data))
@@ -140,13 +143,13 @@ def verify(
 
 
 @contextmanager
-def _progress(rows: int) -> Iterator[Callable[[int], None]]:
+def _progress() -> Iterator[Callable[[int, int], None]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("verify", total=rows)
-        yield lambda _size: progress.advance(task)
+        task = progress.add_task("verify", total=None)
+        yield lambda done, total: progress.update(task, completed=done, total=total)
 
 
 def is_capture_run(settings: Settings) -> bool:
