@@ -79,9 +79,9 @@ def normed_rms(state: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
     (Llama/Qwen style, ``weight * x / rms(x)``): 1 after the final norm (up to rounding and its
     epsilon), the state's own scale before it."""
     weight = norm.to(torch.float32)
-    used = weight != 0  # a zero weight zeroes its dimension: nothing to divide
-    x = state.to(torch.float32)[..., used] / weight[used]
-    return x.pow(2).mean(-1).sqrt()
+    used = weight != 0  # a zero weight zeroes its dimension: nothing to divide, not counted
+    inverse = torch.where(used, 1 / weight, 0.0)
+    return torch.linalg.vector_norm(state.to(torch.float32) * inverse, dim=-1) / used.sum().sqrt()
 
 
 def post_norm_faults(final: torch.Tensor, norm: torch.Tensor) -> list[Fault]:
