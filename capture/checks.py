@@ -81,7 +81,8 @@ def normed_rms(state: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
     weight = norm.to(torch.float32)
     used = weight != 0  # a zero weight zeroes its dimension: nothing to divide, not counted
     inverse = torch.where(used, 1 / weight, 0.0)
-    return torch.linalg.vector_norm(state.to(torch.float32) * inverse, dim=-1) / used.sum().sqrt()
+    norms: torch.Tensor = torch.linalg.vector_norm(state.to(torch.float32) * inverse, dim=-1)
+    return norms / used.sum().sqrt()
 
 
 def post_norm_faults(final: torch.Tensor, norm: torch.Tensor) -> list[Fault]:

@@ -43,6 +43,7 @@ from capture.spec import CaptureSpec, Layout, ManifestLine
 from common.errors import ConfigError
 
 SEED = 0  # the sample is the same rows on every verify of a run
+SHOWN = 50  # bad rows listed in the plain report
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,10 @@ class Report:
         found = Counter(f.reason for faults in self.bad.values() for f in {*faults})
         return dict(sorted(found.items()))
 
+    def ok(self) -> bool:
+        """No bad row, and something checked (a run with no manifest proves nothing)."""
+        return not self.bad and (self.checked > 0 or self.rows == 0)
+
     def to_json(self) -> dict[str, Any]:
         """For ``--json``."""
         bad = [
@@ -111,7 +116,7 @@ class Report:
             "checked": self.checked, "recomputed": self.recomputed,
             "bad_rows": len(self.bad), "by_reason": self.by_reason(), "bad": bad,
             "bytes": self.bytes, "seconds": round(self.seconds, 3), "notes": self.notes,
-            "ok": not self.bad,
+            "ok": self.ok(),
         }  # fmt: skip
 
 
@@ -377,8 +382,12 @@ def render(data: dict[str, Any]) -> str:
     lines += [f"note: {note}" for note in data["notes"]]
     if data["ok"]:
         return "\n".join([*lines, "every checked row is good"])
+    if not data["bad"]:
+        return "\n".join([*lines, "no row checked: nothing is proven"])
     reasons = ", ".join(f"{reason} {n}" for reason, n in data["by_reason"].items())
     lines.append(f"bad rows: {data['bad_rows']} ({reasons})")
-    for bad in data["bad"]:
+    for bad in data["bad"][:SHOWN]:
         lines += [f"  row {bad['row']}: {r['reason']}: {r['detail']}" for r in bad["reasons"]]
+    if (hidden := len(data["bad"]) - SHOWN) > 0:
+        lines.append(f"  ... and {hidden} more bad rows (--json lists them all)")
     return "\n".join(lines)

@@ -100,6 +100,8 @@ def test_verify_passes_clean_output_and_names_exactly_each_corrupted_row(
     sf_out, sp_out = tmp_path / "sf", tmp_path / "sp"
     assert capture_stack.enqueue(tokenized, "vf", sf_out, "specforge").returncode == 0
     assert capture_stack.enqueue(tokenized, "vp", sp_out, "speculators").returncode == 0
+    code, empty = _verify(capture_stack, "vf", "--sample", "0")  # no file yet: nothing proven
+    assert code == 1 and empty["checked"] == 0 and empty["bad"] == [], empty
     capture_stack.worker(concurrency=4)
     for run, out in (("vf", sf_out), ("vp", sp_out)):
         capture_stack.wait_complete(run)
