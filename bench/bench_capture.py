@@ -16,6 +16,15 @@ The same rows (random ids, ``--tokens`` each) of the same random Qwen3 (``--laye
 
 Reported: rows/s and tokens/s of both and their ratio, bytes per token on disk against
 4 x H x dtype size, and the worker's peak RSS (VmHWM). JSON in bench/results/capture.json.
+
+At a real target's size (bench/capture_scale.py):
+
+    .venv/bin/python bench/bench_capture.py --device cuda:0 --shape llama-3.1-8b [--disk DIR]
+    .venv/bin/python bench/bench_capture.py --synthetic [--rate 34000] [--shape llama-3.1-8b]
+
+the first on a GPU (random weights built on the device, bf16), the second on any machine: the
+GPU's forward pass replaced by a stand-in that hands out real-size states at ``--rate`` tokens/s
+(``--backend synthetic``), so what is measured is the pipeline's own cost.
 """
 
 from __future__ import annotations
@@ -117,17 +126,40 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--concurrency", default="8", help="N, or N,M,…: workers at each")
+    parser.add_argument("--synthetic", action="store_true", help="a stand-in for the GPU")
+    parser.add_argument("--device", help="cuda:N: the real forward pass on that GPU")
+    parser.add_argument("--shape", default="llama-3.1-8b", help="llama-3.1-8b or tiny")
+    parser.add_argument("--rate", type=float, default=34000.0, help="the stand-in's tokens/s")
+    parser.add_argument("--layout", default="speculators")
+    parser.add_argument("--disk", help="a folder on a disk, beside the tmpfs run")
+    parser.add_argument("--work", help="where the model and rows go (default: the temp dir)")
+    parser.add_argument("--tmpfs", default="/dev/shm", help="the tmpfs folder for the runs")
+    parser.add_argument("--json", help="also write the results here, after every phase")
     args = parser.parse_args()
+    if args.synthetic or args.device:
+        from capture_scale import scale
+
+        if args.synthetic:
+            args.device = None
+
+        def save(got: dict[str, Any]) -> None:
+            if args.json:
+                Path(args.json).write_text(json.dumps(got, indent=1))
+
+        result = scale(args, save)
+        save_results("capture-scale", result)
+        print(json.dumps(result, indent=1))
+        return
     tmp = Path(tempfile.mkdtemp(prefix="bench-capture-"))
     try:
         model_dir, tokenized, _ = build(tmp, args)
         # The loop before and after the worker, the faster one kept: on a shared machine
         # the load moves, and the worker should not win by running in a quieter minute.
-        loop_s = plain_loop(model_dir, tokenized, tmp / "loop", args.concurrency)
+        loop_s = plain_loop(model_dir, tokenized, tmp / "loop", int(args.concurrency))
         cap = worker_run(args.redis_url, model_dir, tokenized, tmp / "out", tmp,
-                         args.concurrency, args.rows)  # fmt: skip
-        loop_s = min(loop_s, plain_loop(model_dir, tokenized, tmp / "loop2", args.concurrency))
+                         int(args.concurrency), args.rows)  # fmt: skip
+        loop_s = min(loop_s, plain_loop(model_dir, tokenized, tmp / "loop2", int(args.concurrency)))
         files = list((tmp / "out" / "hidden_states").iterdir())
         on_disk = sum(p.stat().st_size for p in files)
         tokens = args.rows * args.tokens

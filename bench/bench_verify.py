@@ -173,6 +173,8 @@ def real(tmp: Path, model_dir: Path, args: argparse.Namespace) -> dict[str, Any]
     rows = make_rows(args.recompute, args.tokens // 2, args.tokens, 4000, seed=2)
     aux = _aux(args.layout, capture.layers)
     states = capture.forward([r.input_ids for r in rows], aux)  # one padded batch, as a worker
+    for state in states:
+        state.wait()  # a GPU batch's copy to the host may still be in flight
     del capture
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -51,7 +51,7 @@ def queued_refs(client: redis.Redis, queue: str) -> Iterator[MessageRef]:
         start = 0
         while page := client.lrange(name, start, start + PAGE - 1):
             for raw in page:
-                ref = _ref(json.loads(raw), queued=True, since=0.0)
+                ref = _ref(_message(raw), queued=True, since=0.0)
                 if ref is not None:
                     yield ref
             start += PAGE
@@ -62,14 +62,30 @@ def unacked_refs(client: redis.Redis) -> Iterator[MessageRef]:
     scored: Any = client.zrange(UNACKED_INDEX, 0, -1, withscores=True)
     delivered = {str(tag): float(score) for tag, score in scored}
     for tag, raw in client.hgetall(UNACKED).items():
-        message = json.loads(raw)[0]
+        message = _message(raw, delivered=True)
+        if message is None:
+            continue
         since = _eta(message) or delivered.get(str(tag), 0.0)
         ref = _ref(message, queued=False, since=since)
         if ref is not None:
             yield ref
 
 
-def _ref(message: dict[str, Any], queued: bool, since: float) -> MessageRef | None:
+def _message(raw: str | bytes, delivered: bool = False) -> dict[str, Any] | None:
+    """A kombu message as its list (or, delivered, its unacked entry ``[message, ...]``) holds
+    it; None for anything else: a foreign or garbled entry is no task of ours, and must not
+    stop the reconciler's pass."""
+    try:
+        found = json.loads(raw)
+        found = found[0] if delivered else found
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _ref(message: dict[str, Any] | None, queued: bool, since: float) -> MessageRef | None:
+    if message is None:
+        return None
     args = decode_args(message)
     return None if args is None else MessageRef(args[0], args[1], queued, since)
 

@@ -33,12 +33,14 @@ class CaptureApp(BrokerApp):
     """The broker's app for capture: publishes capture tasks and, in a worker, runs them."""
 
     def __init__(
-        self, settings: Settings, model_dir: str | None, device: str, backend: str = "transformers"
-    ) -> None:
+        self, settings: Settings, model_dir: str | None, device: str,
+        backend: str = "transformers", synthetic_rate: float | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(capture_settings(settings))
         self.model_dir = model_dir
         self.device = device
         self.capture_backend = backend
+        self.synthetic_rate = synthetic_rate
         self._parts: CaptureParts | None = None
         self._parts_lock = threading.Lock()
 
@@ -52,15 +54,21 @@ class CaptureApp(BrokerApp):
 
                 self._parts = CaptureParts(
                     self.settings, self._target(self.model_dir), self.publish_samples,
-                    batched=self.capture_backend == "transformers",
+                    batched=self.capture_backend != "vllm",
                 )  # fmt: skip
             return self._parts
 
     def _target(self, model_dir: str) -> Target:
+        if self.device != "cpu" or self.capture_backend != "transformers":
+            _one_host_thread()
         if self.capture_backend == "vllm":
             from capture.vllm_backend import VllmForward
 
             return VllmForward(self.settings, model_dir)
+        if self.capture_backend == "synthetic":
+            from capture.synthetic import H200_8B_TOKENS_PER_S, SyntheticTarget
+
+            return SyntheticTarget(model_dir, self.synthetic_rate or H200_8B_TOKENS_PER_S)
         from capture.forward import TargetModel
 
         return TargetModel(model_dir, self.device)
@@ -87,12 +95,20 @@ class CaptureApp(BrokerApp):
             self._parts.close()
 
 
+def _one_host_thread() -> None:
+    """The host only copies, encodes and writes here (the forward pass runs elsewhere): one
+    torch thread per task thread, instead of an intra-op pool started by each of them."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def create_capture_app(
     settings: Settings, model_dir: str | None = None, device: str = "cpu",
-    backend: str = "transformers",
+    backend: str = "transformers", synthetic_rate: float | None = None,
 ) -> CaptureApp:  # fmt: skip
     """A configured capture app; connects to nothing, loads no model until a task needs it."""
-    app = CaptureApp(settings, model_dir, device, backend)
+    app = CaptureApp(settings, model_dir, device, backend, synthetic_rate)
     register_tasks(app, app.settings, app.processor, app.publish_samples, name=CAPTURE_TASK)
     connect_signals(app, app._started, lambda: None, app._shut_down)
     return app

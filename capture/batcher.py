@@ -1,9 +1,11 @@
 """Rows from many task threads into one forward pass, up to a token budget.
 
-Each task thread hands in its row and waits; one thread takes whatever is waiting (after a
-short linger for the batch to fill), cuts it at the budget (padded tokens: rows x longest),
-runs the model and gives each thread its row's states. A row longer than the budget runs
-alone.
+Each task thread hands in its row and waits; one thread takes what is waiting (after a
+short linger for the batch to fill): the oldest row and the rows nearest it in length, up to
+the budget (padded tokens: rows x longest) and to a bound on padding, runs the model and
+gives each thread its row's states. A row longer than the budget runs alone. The states may
+still be on their way from the GPU: each row waits for them in its own thread, so the next
+batch starts at once.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ class Unbatched:
 
     def run(self, ids: list[int], aux: tuple[int, int, int]) -> States:
         """This row's states."""
-        return self.forward([ids], aux)[0]
+        states = self.forward([ids], aux)[0]
+        states.wait()
+        return states
 
     def close(self) -> None:
         """Nothing runs in the background."""
@@ -50,20 +54,45 @@ class _Waiting:
     future: Future[States] = field(default_factory=Future)
 
 
-def take_batch(waiting: list[_Waiting], budget: int) -> list[_Waiting]:
-    """The longest prefix of ``waiting`` (same aux layers) whose padded size fits ``budget``;
-    at least one row."""
+# Padded tokens a batch may compute beyond its rows' own (the GPU's time on them is lost).
+MAX_PADDING = 0.05
+
+
+def take_batch(
+    waiting: list[_Waiting], budget: int, max_padding: float = MAX_PADDING
+) -> list[_Waiting]:
+    """The oldest row of ``waiting`` and those nearest it in length (same aux layers), grown
+    while the padded size fits ``budget`` and pads at most ``max_padding``; at least one row."""
     first = waiting[0]
-    batch, longest = [first], len(first.ids)
-    for item in waiting[1:]:
-        if item.aux != first.aux:
-            continue
-        grown = max(longest, len(item.ids))
-        if grown * (len(batch) + 1) > budget:
+    by_length = sorted((w for w in waiting if w.aux == first.aux), key=lambda w: len(w.ids))
+    lo = hi = next(i for i, w in enumerate(by_length) if w is first)
+    size = _Size(len(first.ids), len(first.ids), 1)
+    while True:
+        grown = [
+            (size.plus(len(by_length[j].ids)), j)
+            for j in (lo - 1, hi + 1)
+            if 0 <= j < len(by_length)
+        ]
+        fits = [(s, j) for s, j in grown if s.padded <= min(budget, s.real * (1 + max_padding))]
+        if not fits:
             break
-        batch.append(item)
-        longest = grown
-    return batch
+        size, j = min(fits, key=lambda sj: sj[0].padded - sj[0].real)
+        lo, hi = min(lo, j), max(hi, j)
+    return by_length[lo : hi + 1]
+
+
+@dataclass(frozen=True)
+class _Size:
+    real: int  # the rows' own tokens
+    longest: int
+    rows: int
+
+    @property
+    def padded(self) -> int:
+        return self.longest * self.rows
+
+    def plus(self, tokens: int) -> _Size:
+        return _Size(self.real + tokens, max(self.longest, tokens), self.rows + 1)
 
 
 class Batcher:
@@ -85,7 +114,9 @@ class Batcher:
         with self._cond:
             self._waiting.append(item)
             self._cond.notify()
-        return item.future.result()
+        states = item.future.result()
+        states.wait()  # its copy from the device, if one is still in flight
+        return states
 
     def close(self) -> None:
         """Stop after the current batch."""

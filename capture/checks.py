@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from capture.forward import States
+from capture.forward import NON_FINITE, States
 from common import errors
 
 # How far a token's RMS of ``state / norm weight`` may be from 1 and still be after the final
@@ -102,13 +102,22 @@ def pre_norm_faults(final: torch.Tensor, norm: torch.Tensor) -> list[Fault]:
     return [Fault("post_norm_in_pre_slot", "the pre-norm final slot holds post-norm states")]
 
 
+def _seen(found: str) -> list[Fault]:
+    # The device-side check (capture/forward.py) says what, not where: no host scan of a GPU
+    # batch's states (it would cost the worker about 2 CPU-seconds per GB).
+    if not found:
+        return []
+    return [Fault("nonfinite" if found == NON_FINITE else "constant_state", found)]
+
+
 def check_states(states: States, tokens: int) -> None:
     """Raise the row's permanent failure when its states fail a cheap check (the worker, before
     writing its file): a capture server's zeros or short tensors never reach the disk."""
     finals = {"pre-norm final": states.pre_norm, "final": states.post_norm}
     faults = shape_faults(states.aux, finals, tokens, states.pre_norm.shape[-1])
     if not faults:
-        faults = value_faults({"aux": states.aux, **finals})
+        found = states.problem()  # the forward pass's own check, where it ran on the device
+        faults = value_faults({"aux": states.aux, **finals}) if found is None else _seen(found)
     if not faults:
         return
     message = "; ".join(f"{f.reason}: {f.detail}" for f in faults)

@@ -43,8 +43,10 @@ def _specforge(row: Row, states: States, run: str) -> bytes:
     data = {
         "input_ids": torch.tensor(row.input_ids, dtype=torch.long),
         "loss_mask": torch.tensor(row.loss_mask, dtype=torch.long),
-        "hidden_state": states.post_norm.reshape(1, seq, hidden).clone(),
-        "aux_hidden_state": states.aux.reshape(1, seq, 3 * hidden).clone(),
+        # One copy each, into storage of its own: the states are views of their batch's
+        # buffer, and torch.save writes a view's whole storage.
+        "hidden_state": states.post_norm.clone().reshape(1, seq, hidden),
+        "aux_hidden_state": states.aux.clone().reshape(1, seq, 3 * hidden),
         RUN_KEY: run,
     }
     buffer = io.BytesIO()
@@ -55,9 +57,8 @@ def _specforge(row: Row, states: States, run: str) -> bytes:
 def _speculators(row: Row, states: States, run: str) -> bytes:
     from safetensors.torch import save
 
-    stacked = torch.cat([states.aux, states.pre_norm.unsqueeze(1)], dim=1).contiguous()
     tensors = {
-        "hidden_states": stacked,
+        "hidden_states": states.aux_and_pre(),
         "token_ids": torch.tensor(row.input_ids, dtype=torch.long),
     }
     return bytes(save(tensors, metadata={RUN_KEY: run}))

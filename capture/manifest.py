@@ -20,6 +20,7 @@ from capture.store import CaptureStore
 from collector.collect import Collector
 from collector.sink import JsonlSink
 from common.errors import CollectorFenced, ConfigError
+from common.loop_errors import LoopErrors, guarded
 from common.settings import Settings
 from common.store import RunStore
 from worker.pipeline.ticker import Ticker
@@ -41,7 +42,8 @@ class ManifestWriters:
         self.settings = settings
         self._stop = threading.Event()
         self._threads: dict[str, threading.Thread] = {}
-        self._ticker = Ticker("manifest-writers", 1.0, self._tick)
+        self._errors = LoopErrors.of(client, settings)
+        self._ticker = Ticker("manifest-writers", 1.0, self._tick, self._errors)
 
     def start(self) -> None:
         """Look for runs to write every second (once)."""
@@ -71,9 +73,9 @@ class ManifestWriters:
             log.warning("manifest writers: Redis unreachable (%s)", exc)
 
     def _launch(self, store: CaptureStore, out_dir: Path) -> None:
-        thread = threading.Thread(
-            target=self._write, args=(store, out_dir), name=f"manifest-{store.run}", daemon=True
-        )
+        # A writer that raises is counted; the next tick starts another (its thread is gone).
+        write = guarded("manifest-writer", lambda: self._write(store, out_dir), self._errors)
+        thread = threading.Thread(target=write, name=f"manifest-{store.run}", daemon=True)
         self._threads[store.run] = thread
         thread.start()
 

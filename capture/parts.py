@@ -14,6 +14,7 @@ from capture.manifest import ManifestWriters
 from capture.processor import RowProcessor, RunView
 from capture.store import CaptureStore
 from common.keys import capture_reconciler_lock_key
+from common.loop_errors import LoopErrors
 from common.settings import Settings
 from common.store import RunStores, connect
 from worker.pipeline.leases import LeaseKeeper
@@ -40,7 +41,9 @@ class CaptureParts:
     ) -> None:
         self.settings = settings
         self.redis: redis.Redis = connect(settings.redis_url, settings.redis_sentinel_master)
-        self.leases = LeaseKeeper(RunStores(self.redis, settings.key_prefix), settings.lease_ttl)
+        self.loop_errors = LoopErrors.of(self.redis, settings)
+        stores = RunStores(self.redis, settings.key_prefix)
+        self.leases = LeaseKeeper(stores, settings.lease_ttl, self.loop_errors)
         linger = settings.capture_linger if settings.concurrency > 1 else 0.0
         # Servers batch their requests themselves: each row then goes on its own.
         self.batcher: Runner = (
@@ -55,7 +58,7 @@ class CaptureParts:
         lock = capture_reconciler_lock_key(settings.key_prefix)
         self.reconciler = ReconcilerLoop(self.redis, settings, hand_back, lock)
         self.manifests = ManifestWriters(self.redis, settings)
-        self._flusher = Ticker("capture-stats", 1.0, self._flush)
+        self._flusher = Ticker("capture-stats", 1.0, self._flush, self.loop_errors)
 
     def view(self, run: str) -> RunView:
         """A run's spec, rows and layers, read once per process."""

@@ -27,11 +27,13 @@ from capture.rows import Rows
 from capture.spec import CaptureSpec, ManifestLine
 from capture.store import CaptureStore
 from common import errors
+from common.logs import secrets_of
 from common.models import Failure
+from common.redact import redact
 from common.settings import Settings
 from common.stats import StatsRecorder
 from worker.pipeline.leases import LeaseKeeper
-from worker.pipeline.processing import is_final
+from worker.pipeline.processing import end_attempt
 
 log = logging.getLogger("eaglegen.capture")
 
@@ -64,6 +66,7 @@ class RowProcessor:
         self.settings = settings
         self.lease_ttl = settings.lease_ttl
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._secrets = secrets_of(settings)
 
     def process(self, run: str, row_id: str, retries: int = 0) -> str:
         """Capture one row; returns what happened (the task's result)."""
@@ -76,19 +79,27 @@ class RowProcessor:
 
     def _under_lease(self, view: RunView, row_id: str, retries: int) -> str:
         token = f"{self.owner}:{uuid.uuid4().hex[:8]}"
-        taken = view.store.take(row_id, token, self.lease_ttl, retries)
+        ceiling = self.settings.attempts_ceiling()
+        taken = view.store.take(row_id, token, self.lease_ttl, retries, ceiling)
+        if taken.outcome == "exhausted":
+            log.warning("failed %s/%s: attempts_exhausted", view.store.run, row_id)
+            return "failed:attempts_exhausted"
         if taken.outcome != "ok":
             return f"skipped:{taken.outcome}"
         cancelled = self.leases.hold(view.store.run, row_id, token)
         try:
             return self._capture(view, row_id, token, cancelled)
-        except errors.GenerationError as exc:
-            # A final failure is stored by the lease's holder, fenced like every other write.
-            if is_final(exc, retries, self.settings):
-                self._fail(view, row_id, token, exc, taken.attempts)
-            else:
-                view.store.runs.release(row_id, token)
-            raise
+        except Exception as exc:
+            # A final failure, whatever raised it, is stored by the lease's holder, fenced like
+            # every other write.
+            known = end_attempt(
+                exc, retries, self.settings, self._secrets,
+                fail=lambda e: self._fail(view, row_id, token, e, taken.attempts),
+                release=lambda: view.store.runs.release(row_id, token),
+            )  # fmt: skip
+            if known is exc:
+                raise
+            raise known from exc
         except BaseException:
             view.store.runs.release(row_id, token)
             raise
@@ -123,7 +134,9 @@ class RowProcessor:
         self, view: RunView, row_id: str, token: str, exc: errors.GenerationError, attempts: int
     ) -> None:
         """Record a row as failed with its reason, under our lease."""
-        failure = Failure(kind=exc.kind, message=str(exc)[:1000], attempts=attempts, at=time.time())
+        # Shown by `status`; a capture server may quote the key back.
+        message = redact(str(exc), self._secrets)[:1000]
+        failure = Failure(kind=exc.kind, message=message, attempts=attempts, at=time.time())
         if view.store.runs.store_failure(row_id, failure, token) != "lease_lost":
             log.warning("failed %s/%s: %s", view.store.run, row_id, failure.message)
 

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from capture.store import CaptureStore
+from common.loop_errors import read_loop_errors
 from common.stats import eta_seconds, read_snapshot
 
 
@@ -32,6 +33,7 @@ def gather(store: CaptureStore) -> dict[str, Any]:
         "tokens_per_s": round(snap.tokens_per_s_minute, 1),
         "eta_s": None if eta is None else round(eta), "failures": kinds,
         "last_errors": {k: f.message for k, f in list(failures.items())[:3]},
+        "loop_errors": read_loop_errors(store.r, store.runs.prefix),
         "at": time.time(),
     }  # fmt: skip
 

@@ -27,7 +27,7 @@ BYTES_COUNTER = "capture_bytes"
 
 @dataclass(frozen=True)
 class TakenRow:
-    """A row's lease taken (or refused: 'done', 'leased')."""
+    """A row's lease taken (or refused: 'done', 'leased'; or 'exhausted': the row failed)."""
 
     outcome: str
     attempts: int = 0
@@ -43,7 +43,6 @@ class CaptureStore:
         self.run = run
         self.keys = self.runs.keys
         self._accept = client.register_script(lua.ACCEPT)
-        self._take = client.register_script(lua.LEASE_TAKE)
 
     def ensure_spec(self, spec: CaptureSpec, queue: str) -> None:
         """Record the run's spec and queue, or refuse a run that exists with other ones."""
@@ -87,16 +86,14 @@ class CaptureStore:
             fresh += [bool(x) for x in flags]
         return fresh
 
-    def take(self, row_id: str, token: str, ttl_s: float, retries: int) -> TakenRow:
-        """The row's lease and its ref, in one round trip (the generation script)."""
-        k = self.keys
-        reply = self._take(
-            keys=[k.pending, k.leases, k.lease_owner, k.prompts, k.counters, k.reaped, k.retired],
-            args=[row_id, token, int(ttl_s * 1000), retries, k.attempts_field(row_id),
-                  k.partial_field(row_id), k.checkpoint_field(row_id)],
-        )  # fmt: skip
+    def take(
+        self, row_id: str, token: str, ttl_s: float, retries: int, ceiling: int = 0
+    ) -> TakenRow:
+        """The row's lease and its ref, in one round trip (the generation script, and its
+        attempts ceiling: 'exhausted' has failed the row)."""
+        reply = self.runs.lease_reply(row_id, token, ttl_s, retries, ceiling)
         if reply[0] != "ok":
-            return TakenRow(str(reply[0]))
+            return TakenRow(str(reply[0]), int(reply[1]) if len(reply) > 1 else 0)
         ref = RowRef.model_validate_json(reply[2]) if reply[2] else None
         return TakenRow("ok", int(reply[1]), ref)
 

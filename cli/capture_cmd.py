@@ -67,8 +67,15 @@ def worker(
     model: Annotated[Path, typer.Option(help="Target model folder (transformers).")],
     device: Annotated[str, typer.Option(help="cpu or cuda:N.")] = "cpu",
     backend: Annotated[
-        str, typer.Option(help="transformers (the model loaded here) or vllm (capture servers).")
+        str,
+        typer.Option(
+            help="transformers (the model loaded here), vllm (capture servers) or synthetic "
+            "(a stand-in for the GPU at --synthetic-rate, to measure the pipeline on CPU)."
+        ),
     ] = "transformers",
+    synthetic_rate: Annotated[
+        float | None, typer.Option(min=1, help="--backend synthetic: padded tokens/s.")
+    ] = None,
     concurrency: Annotated[
         int | None, typer.Option(min=1, help="Rows in flight (the largest batch).")
     ] = None,
@@ -81,12 +88,12 @@ def worker(
 
     if device != "cpu" and not device.startswith("cuda"):
         fail(f"--device must be cpu or cuda:N, not {device!r}", 2)
-    if backend not in ("transformers", "vllm"):
-        fail(f"--backend must be transformers or vllm, not {backend!r}", 2)
+    if backend not in ("transformers", "vllm", "synthetic"):
+        fail(f"--backend must be transformers, vllm or synthetic, not {backend!r}", 2)
     settings = load_settings(concurrency=concurrency or 8)
     setup_logging(settings, loglevel.upper())
     wait_for_redis(settings)
-    app = create_capture_app(settings, str(model), device, backend)
+    app = create_capture_app(settings, str(model), device, backend, synthetic_rate)
     try:
         app.parts()  # the model is loaded before the first message is taken
     except ConfigError as exc:

@@ -1,15 +1,18 @@
-"""``eaglegen endpoints list|drain|undrain``: each endpoint's cluster-wide load, cap and state."""
+"""``eaglegen endpoints list|drain|undrain``: each endpoint's cluster-wide load, cap and state
+(drained, out of a run's rotation)."""
 
 from __future__ import annotations
 
 import json
 from typing import Annotated
 
+import redis
 import typer
 from rich.table import Table
 
 from cli.shared import console, fail, load_settings, open_store, out
 from common.settings import Settings
+from common.store import RunStore, known_runs
 from worker.endpoints.capacity import EndpointView, SlotTable
 from worker.pipeline.aborts import AbortSupport
 
@@ -34,12 +37,28 @@ def _url(raw: str) -> str:
     return url
 
 
-def _views(table: SlotTable) -> list[EndpointView]:
+def _views(table: SlotTable, out: dict[str, dict[str, str]]) -> list[EndpointView]:
     views = table.snapshot()
     listed = {view.endpoint for view in views}
-    # Drained endpoints this machine's settings do not list still deserve a line.
-    extra = sorted(table.drained() - listed)
-    return views + [EndpointView(url, 0, 0, False, True) for url in extra]
+    # Drained endpoints, or out of a run's rotation, that this machine's settings do not list
+    # still deserve a line.
+    drained = table.drained()
+    extra = sorted((drained | set(out)) - listed)
+    return views + [EndpointView(url, 0, 0, False, url in drained) for url in extra]
+
+
+def _out_of_rotation(client: redis.Redis, prefix: str) -> dict[str, dict[str, str]]:
+    """Per endpoint, the runs whose rotation it is out of (it refused their requests), and why."""
+    found: dict[str, dict[str, str]] = {}
+    for run in known_runs(client, prefix):
+        for url, why in RunStore(client, prefix, run).endpoints_out().items():
+            found.setdefault(url, {})[run] = why
+    return found
+
+
+def _state(view: EndpointView, out: dict[str, str]) -> str:
+    runs = [f"out of rotation for {run}: {why}" for run, why in sorted(out.items())]
+    return "; ".join((["drained"] if view.drained else []) + runs) or "active"
 
 
 @endpoints_app.command("list")
@@ -49,16 +68,18 @@ def list_endpoints(
     """Requests in flight (all workers), the cap and where it comes from, drained or not."""
     settings = load_settings()
     table = _table(settings)
-    views = _views(table)
+    rotation = _out_of_rotation(table.r, settings.key_prefix)
+    views = _views(table, rotation)
     aborts = AbortSupport.shown(table.r, settings.key_prefix)
     if as_json:
-        rows = [{**view.__dict__, "abort": aborts.get(view.endpoint)} for view in views]
+        rows = [{**view.__dict__, "abort": aborts.get(view.endpoint),
+                 "out_of_rotation": rotation.get(view.endpoint, {})} for view in views]  # fmt: skip
         out.print_json(json.dumps(rows))
         return
     grid = Table("endpoint", "in flight", "cap", "cap from", "state", "abort")
     for v in views:
         source = "adaptive" if v.adaptive else "settings"
-        state = "drained" if v.drained else "active"
+        state = _state(v, rotation.get(v.endpoint, {}))
         abort = aborts.get(v.endpoint, "- (not tried yet)")
         grid.add_row(v.endpoint, str(v.inflight), str(v.cap or "-"), source, state, abort)
     out.print(grid)

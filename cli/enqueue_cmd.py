@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -10,7 +12,7 @@ from broker.publish import publish
 from common.models import GenParams
 from common.settings import Settings
 from common.store import RunStore
-from producer.enqueue import EnqueueCounts, Feeder
+from producer.enqueue import EnqueueCounts, Feeder, prompt_estimates
 from producer.preflight import check_max_tokens, server_limits
 from producer.readers import SourceInfo, open_source
 
@@ -29,9 +31,13 @@ def run_enqueue(
 ) -> EnqueueCounts:
     """Feed ``source`` into the run and print the one-line summary (stdout; the rest stderr)."""
     console = Console(stderr=True)
-    room = max_prompt_tokens(settings, params, console)
+    store.check_params(params, settings.queue)  # the run is created with its first sample
+
+    def estimates() -> list[int]:
+        return prompt_estimates(open_source(source, split, subset)[1], fmt, params)
+
+    room = max_prompt_tokens(settings, params, console, estimates)
     info, rows = open_source(source, split, subset)
-    store.ensure_params(params, settings.queue)
     broker = create_broker_app(settings)
     shown = [0]
 
@@ -54,24 +60,34 @@ def run_enqueue(
             publish=lambda ids: publish(broker, settings.queue, store.run, ids), fmt=fmt,
             max_pending=settings.max_pending, max_pending_bytes=settings.max_pending_bytes,
             max_row_bytes=settings.max_row_bytes, on_invalid=on_invalid, on_progress=on_progress,
-            max_prompt_tokens=room,
+            max_prompt_tokens=room, claim=lambda: store.ensure_params(params, settings.queue),
         )  # fmt: skip
         counts = feeder.run(rows, limit)
     print(counts.line())
     return counts
 
 
-def max_prompt_tokens(settings: Settings, params: GenParams, console: Console) -> int | None:
+def max_prompt_tokens(
+    settings: Settings, params: GenParams, console: Console,
+    prompts: Callable[[], Sequence[int]] = tuple,
+) -> int | None:  # fmt: skip
     """What ``max_tokens`` leaves of the servers' ``max_model_len`` for a first prompt; refuses
-    (InvalidParams) a ``max_tokens`` that leaves nothing. None: no server said."""
+    (InvalidParams) a ``max_tokens`` that leaves nothing, with one that leaves room for most
+    of ``prompts`` (estimates, asked for only then). None: no server said."""
     limits = server_limits(settings.endpoints, settings.model, settings.api_key_value())
     if limits.unchecked:
-        console.print(
-            "warning: max_tokens not checked against "
-            f"{'; '.join(limits.unchecked)} (the workers' errors still apply)",
-            highlight=False,
+        # Enqueued all the same: servers may still be starting (docs/sampling-and-status.md).
+        none = (
+            " (no endpoint gave its max_model_len: enqueued unchecked)"
+            if len(limits.unchecked) == len(settings.endpoints)
+            else ""
         )
-    check_max_tokens(params, limits)
+        console.print(
+            "warning: max_tokens and prompt lengths not checked against "
+            f"{'; '.join(limits.unchecked)}{none}; the workers' errors still apply",
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
+    check_max_tokens(params, limits, prompts)
     if limits.max_model_len is None:
         return None
     return limits.max_model_len - params.max_tokens

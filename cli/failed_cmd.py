@@ -1,5 +1,6 @@
 """``eaglegen failed`` (which samples failed, and why) and ``eaglegen retry-failed`` (run them
-again, under new generation parameters if given, recorded in each one's record)."""
+again, under new generation parameters if given: a sample whose parameters change starts again
+from its first turn, so that its record's parameters are those of every turn)."""
 
 from __future__ import annotations
 
@@ -42,9 +43,21 @@ def failed(
     for row in rows:
         out.print(
             f"{row['id']}  {row['kind']}  attempts {row['attempts']}  {row['source']}  "
-            f"{row['message']}", highlight=False, soft_wrap=True, markup=False,
+            f"{row['message']}{_own_params(row['params'])}", highlight=False, soft_wrap=True,
+            markup=False,
         )  # fmt: skip
-    console.print(f"{len(rows)} failed samples in run {store.run!r}", highlight=False)
+    console.print(
+        f"{len(rows)} failed samples in run {store.run!r} (retry-failed with new parameters "
+        "starts each again from its first turn)",
+        highlight=False,
+    )
+
+
+def _own_params(params: dict[str, Any] | None) -> str:
+    if not params:
+        return ""
+    shown = ", ".join(f"{k} {v}" for k, v in params.items())
+    return f"  [retried from its first turn under {shown}]"
 
 
 def failed_rows(store: RunStore, kind: str | None = None) -> list[dict[str, Any]]:
@@ -78,7 +91,7 @@ def retry_failed(
     generation_config: GenerationConfigOpt = None,
 ) -> None:
     """Put a run's failed samples back in the queue, under new generation parameters if given
-    (each retried sample keeps them, and its record says so)."""
+    (each retried sample keeps them and starts again from its first turn; its record says so)."""
     from broker.app import create_broker_app
     from broker.publish import publish
     from cli.enqueue_cmd import max_prompt_tokens
@@ -93,24 +106,47 @@ def retry_failed(
     if changes:
         base = store.params() or GenParams()
         probe = validated(GenParams, {**base.model_dump(), **changes})
-        max_prompt_tokens(settings, probe, console)  # refuses a max_tokens no server takes
-        _set_params(store, base, changes)
+        # Refuses a max_tokens no server takes, with one that leaves the prompts room.
+        max_prompt_tokens(settings, probe, console, lambda: _estimates(store, probe))
+        restarted, dropped = _set_params(store, base, changes)
     reset(store)  # the breaker: the cause was fixed, or the user says so
     ids = store.requeue_failed()
     sent = publish(create_broker_app(settings), settings.queue, settings.run, ids)
     shown = f" with {', '.join(f'{k} {v}' for k, v in changes.items())}" if changes else ""
-    out.print(f"requeued {sent} failed samples of run {settings.run!r}{shown}", highlight=False)
+    if changes:
+        shown += (
+            f"; {restarted} start again from their first turn under them ({dropped} turns "
+            "answered under the old parameters dropped: a record holds one set of parameters)"
+        )
+    out.print(
+        f"requeued {sent} failed samples of run {settings.run!r}{shown}", highlight=False,
+        soft_wrap=True,
+    )  # fmt: skip
 
 
-def _set_params(store: RunStore, base: GenParams, changes: dict[str, Any]) -> None:
+def _estimates(store: RunStore, params: GenParams) -> list[int]:
+    """Lower bounds of the failed samples' first prompts' tokens."""
+    from producer.preflight import prompt_estimate
+
+    samples = store.failed_samples(list(store.failures()))
+    return [
+        prompt_estimate(params.system_for(s.system), params.turns_of(s.user_turns))
+        for s in samples if s is not None
+    ]  # fmt: skip
+
+
+def _set_params(store: RunStore, base: GenParams, changes: dict[str, Any]) -> tuple[int, int]:
+    """Give each failed sample the new parameters; those whose parameters change start again
+    from their first turn. Returns how many do, and the answered turns they drop."""
     ids = list(store.failures())
     updated = []
     for sample in store.failed_samples(ids):
         if sample is not None:
             own = sample.params or base
             params = validated(GenParams, {**own.model_dump(), **changes})
-            updated.append(sample.model_copy(update={"params": params}))
-    store.replace_failed_samples(updated)
+            if params != own:
+                updated.append(sample.model_copy(update={"params": params}))
+    return len(updated), store.replace_failed_samples(updated)
 
 
 def register(app: typer.Typer) -> None:

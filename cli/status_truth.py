@@ -8,7 +8,7 @@ from typing import Any
 
 from common.clock import redis_time
 from common.errors import InvalidParams
-from common.keys import CUT_TURNS, DROPPED_TURNS
+from common.keys import CONTEXT_CUT_TURNS, CUT_TURNS, DROPPED_TURNS, RESTARTED
 from common.liveness import collector_alive, live_workers, read_beats
 from common.sampling import describe
 from common.settings import Settings
@@ -22,7 +22,9 @@ def truth(store: RunStore, settings: Settings, counts: RunCounts) -> dict[str, A
     queue = store.queue() or settings.queue
     beats = read_beats(store.r, settings.key_prefix)
     live = live_workers(beats, now, queue)
-    cut, dropped = store.r.hmget(store.keys.counters, [CUT_TURNS, DROPPED_TURNS])
+    cut, dropped, context, restarted = store.r.hmget(
+        store.keys.counters, [CUT_TURNS, DROPPED_TURNS, CONTEXT_CUT_TURNS, RESTARTED]
+    )
     data: dict[str, Any] = {
         "queue": queue,
         "workers": [
@@ -37,6 +39,10 @@ def truth(store: RunStore, settings: Settings, counts: RunCounts) -> dict[str, A
         "collector_alive": collector_alive(store.r, store.keys),
         "cut_turns": int(cut or 0),
         "dropped_turns": int(dropped or 0),
+        # Of cut_turns, those cut by the context window, not by max_tokens.
+        "context_cut_turns": int(context or 0),
+        # Failed samples retried under new parameters: each started again from its first turn.
+        "restarted_samples": int(restarted or 0),
         "circuit_open": trip_reason(store),
         **_params(store),
     }
@@ -77,9 +83,26 @@ def notes(counts: RunCounts, data: dict[str, Any]) -> list[str]:
             f"no collector is writing this run: {counts.done - counts.written} answered samples "
             "wait in Redis; start `eaglegen collect --out FILE`"
         )
-    if data["cut_turns"]:
+    found += _cut_notes(data)
+    return found
+
+
+def _cut_notes(data: dict[str, Any]) -> list[str]:
+    """What the cut turns call for: a larger max_tokens helps only those cut by it."""
+    context = data["context_cut_turns"]
+    by_max_tokens = data["cut_turns"] - context
+    found = []
+    if by_max_tokens:
         found.append(
-            f"{data['cut_turns']} turns were cut at max_tokens (finish_reason: length), leaving "
-            f"{data['dropped_turns']} later user turns unanswered: raise --max-tokens for them"
+            f"{by_max_tokens} turns were cut at max_tokens (finish_reason: length): raise "
+            "--max-tokens for them"
         )
+    if context:
+        found.append(
+            f"{context} turns were cut by the context window (prompt + answer reached the "
+            "server's max_model_len; a larger --max-tokens cannot help): serve the model with "
+            "a longer --max-model-len, or use --turns first"
+        )
+    if data["cut_turns"] and data["dropped_turns"]:
+        found.append(f"cut turns left {data['dropped_turns']} later user turns unanswered")
     return found

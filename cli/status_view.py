@@ -14,6 +14,7 @@ from rich.text import Text
 from cli.status_truth import truth
 from common import tool_counts
 from common.clock import redis_time
+from common.loop_errors import read_loop_errors
 from common.sampling import SAMPLING, SERVER_DEFAULT
 from common.settings import Settings
 from common.stats import Snapshot, eta_seconds, read_snapshot
@@ -58,6 +59,8 @@ def gather(store: RunStore, settings: Settings) -> dict[str, Any]:
     if tools is not None:  # conversations with tool calls: how many ended, and where
         data["tool_calls"] = tools
     data["clocks_off"] = _clocks_off(store, settings)
+    # Exceptions background loops (reconciler, renewals, heartbeat...) survived, all workers.
+    data["loop_errors"] = read_loop_errors(store.r, settings.key_prefix)
     # One model per run: the pinned one, and the endpoints refused for serving another.
     data["model"] = store.pinned_model()
     data["refused_endpoints"] = store.refused_endpoints()
@@ -97,7 +100,8 @@ def _endpoints(
 
     # This run's endpoints: those its live workers serve, those it has figures of, and those
     # this command was pointed at (EAGLEGEN_ENDPOINTS); not every endpoint this Redis has seen.
-    shown = set(served) | set(stats)
+    out_of_rotation = store.endpoints_out()
+    shown = set(served) | set(stats) | set(out_of_rotation)
     if "endpoints" in settings.model_fields_set or not shown:
         shown |= set(settings.endpoints)
     caps = {url: settings.cap_for(url) for url in sorted(shown)}
@@ -116,6 +120,8 @@ def _endpoints(
         entry["state"] = state.get("state", "-")
         entry["problem"] = state.get("message") or None
         entry["state_at"] = state.get("at")
+    for url, why in out_of_rotation.items():  # for this run only: it refused the run's requests
+        out.setdefault(url, {})["out_of_rotation"] = why
     _add_prefix_caches(out, settings)
     for url, figures in stats.items():
         entry = out.setdefault(url, {})
@@ -152,20 +158,39 @@ def render(data: dict[str, Any], clip: bool = True) -> Group:
         _endpoint_table(data, clip),
     ]
     parts: list[RenderableType] = [head, bar, _who(data), _params_line(data), *tables]
+    if data.get("restarted_samples"):
+        parts.append(Text(
+            f"retried under new parameters: {data['restarted_samples']} samples, each started "
+            "again from its first turn"
+        ))  # fmt: skip
     parts += [Text(note, style="yellow") for note in data.get("notes", [])]
     tools = data.get("tool_calls")
     if tools:
-        where = ", ".join(f"turn {t}: {n}" for t, n in tools["stopped_at_turn"].items())
-        parts.append(Text(
-            f"tool-call conversations {tools['conversations']}: kept whole {tools['kept_whole']},"
-            f" stopped at a call of another function {tools['stopped']}"
-            + (f" ({where})" if where else "")
-            + f"; calls with other arguments {tools['arguments_differ']}"
-        ))  # fmt: skip
+        parts.append(_tools_line(tools))
     for name, skew in sorted(data.get("clocks_off", {}).items()):
         parts.append(Text(f"clock of worker {name} is {skew:+.1f} s from Redis's: run NTP",
                           style="yellow"))  # fmt: skip
+    for name, seen in sorted(data.get("loop_errors", {}).items()):
+        line = f"background loop {name} survived {seen['count']} exceptions (last: {seen['last']})"
+        parts.append(Text(line + "; see the workers' logs", style="yellow"))
     return Group(*parts)
+
+
+def _tools_line(tools: dict[str, Any]) -> Text:
+    """How the tool-calling conversations ended: whole, at another function's call, cut."""
+    return Text(
+        f"tool-call conversations {tools['conversations']}: kept whole {tools['kept_whole']},"
+        f" stopped at a call of another function {tools['stopped']}"
+        + _where(tools["stopped_at_turn"])
+        + f", cut (finish_reason length) {tools['cut']}"
+        + _where(tools["cut_at_turn"])
+        + f"; calls with other arguments {tools['arguments_differ']}"
+    )  # fmt: skip
+
+
+def _where(per_turn: dict[str, int]) -> str:
+    where = ", ".join(f"turn {t}: {n}" for t, n in per_turn.items())
+    return f" ({where})" if where else ""
 
 
 def _main_table(d: dict[str, Any]) -> Group:
@@ -260,6 +285,9 @@ def _hit_rate(e: dict[str, Any]) -> str:
 
 
 def _state(e: dict[str, Any], clip: bool = True) -> str:
+    if e.get("out_of_rotation"):
+        why = e["out_of_rotation"]
+        return f"out of rotation: {why[:80] if clip else why}"
     if e.get("state") in ("down", "refusing"):
         problem = e.get("problem") or ""
         return f"{e['state']}: {problem[:80] if clip else problem}"

@@ -111,15 +111,30 @@ class PermanentError(GenerationError):
 
 
 class BadRequest(PermanentError):
+    """The sample's own request is refused (its prompt over the context, a value the server
+    refuses for it): it fails alone, and says nothing of the run's other samples."""
+
     kind = "400"
 
 
-class AuthError(PermanentError):
+class EndpointRefused(PermanentError):
+    """The endpoint refuses the run's requests whatever the sample (its route or the model
+    missing, the key refused): the sample is tried on another endpoint before it fails."""
+
+
+class AuthError(EndpointRefused):
     kind = "auth"
 
 
-class NotFound(PermanentError):
+class NotFound(EndpointRefused):
     kind = "404"
+
+
+class NoEndpoint(PermanentError):
+    """Every endpoint is out of the run's rotation (each refused its requests): none is left to
+    send the sample to."""
+
+    kind = "no_endpoint"
 
 
 class InvalidParams(PermanentError, ConfigError):
@@ -134,7 +149,7 @@ class CircuitOpen(PermanentError):
     kind = "circuit_open"
 
 
-class NoTokenIds(PermanentError):
+class NoTokenIds(EndpointRefused):
     """Token ids were required (EAGLEGEN_TOKEN_IDS=on) and the server does not give them."""
 
     kind = "no_token_ids"

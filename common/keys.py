@@ -24,6 +24,12 @@ def clocks_key(prefix: str) -> str:
     return f"{prefix}:clocks"
 
 
+def loop_errors_key(prefix: str) -> str:
+    """Hash loop name -> exceptions its thread survived (and ``<loop>:last``: the latest, one
+    line), for ``status``."""
+    return f"{prefix}:loop_errors"
+
+
 def workers_key(prefix: str) -> str:
     """Hash worker name -> its last heartbeat (JSON: queue, endpoints, in flight, when)."""
     return f"{prefix}:workers"
@@ -107,6 +113,10 @@ class EndpointKeys:
 # max_tokens, and the later user turns those cuts left unanswered.
 CUT_TURNS = "cut_turns"
 DROPPED_TURNS = "dropped_turns"
+# Turns cut by the context window (prompt + answer reached max_model_len), of CUT_TURNS.
+CONTEXT_CUT_TURNS = "context_cut_turns"
+# Failed samples retried under new parameters, each from its first turn again.
+RESTARTED = "restarted"
 
 # Fields beside a sample's prompt in ``RunKeys.prompts`` (Lua scripts get them as arguments).
 ATTEMPTS_SUFFIX = "|attempts"
@@ -221,6 +231,12 @@ class RunKeys:
         return self._key("refused_endpoints")
 
     @property
+    def endpoints_out(self) -> str:
+        """Hash endpoint -> why it is out of the run's rotation (it refused the run's requests,
+        whatever the sample: a 404, a 401); emptied by ``retry-failed``."""
+        return self._key("endpoints_out")
+
+    @property
     def requests(self) -> str:
         """Hash id -> JSON of the request its lease holder has running (endpoint, the server's
         own request id), so that whoever takes the lease over can abort it."""
@@ -262,7 +278,7 @@ class RunKeys:
             "meta", "accepted", "pending", "prompts", "results",
             "ready", "collecting", "failed", "leases", "lease_owner", "requests", "counters",
             "collector_lock", "stats", "endpoint_stats", "reaped", "producers",
-            "refused_endpoints",
+            "refused_endpoints", "endpoints_out",
         ]  # fmt: skip
         return [self._key(name) for name in names]
 

@@ -124,6 +124,13 @@ class TurnStats(BaseModel):
     # partial answer), so generated again from the start: wasted, never joined.
     discarded_tokens: int | None = None
     discarded_from: str | None = None  # the endpoint that had generated those tokens
+    # Calls whose arguments the server sent as a JSON object, not a string: serialised once by
+    # the client (``json.dumps``), so their text is not the model's own.
+    tool_arguments_serialised: int | None = None
+    # What cut a turn that ended with finish_reason "length": "max_tokens", or "context" when
+    # it stopped short of max_tokens (vLLM gives a request at most the context window left
+    # after its prompt, max_model_len - prompt tokens). None: the turn was not cut.
+    cut_by: Literal["context", "max_tokens"] | None = None
     # Why the server's ids were dropped (they disagreed with the text); not in records.
     token_ids_dropped: str | None = Field(default=None, exclude=True)
 

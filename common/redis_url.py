@@ -80,10 +80,10 @@ def sentinel_master_client(url: str, master: str | None, **options: Any) -> redi
     target = parse_sentinel(url)
     timeout = options.get("socket_connect_timeout")
     # Sentinels are asked without the master's password: they have their own (often none).
-    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+    sentinels = Sentinel(
         target.hosts, sentinel_kwargs={"socket_connect_timeout": timeout, "socket_timeout": timeout}
     )
-    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
+    client: redis.Redis = sentinels.master_for(
         master, db=target.db, username=target.username, password=target.password, **options
     )
     return client

@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     # Continue a broken turn from its checkpoint (auto), or generate it again from the start.
     resume: Literal["auto", "off"] = "auto"
     max_retries: int = Field(default=8, ge=0)
+    # Takes of one sample's lease at most, whatever ended them (retries, redeliveries, dead or
+    # looping workers): past it the take fails the sample as attempts_exhausted. Unset:
+    # 3 × (EAGLEGEN_MAX_RETRIES + 1).
+    max_attempts: int | None = Field(default=None, ge=1)
     backoff_base: float = Field(default=2.0, gt=0)
     backoff_max: float = Field(default=300.0, gt=0)
     # A dead worker's samples run again within lease_ttl + reconcile_interval (about a minute).
@@ -165,15 +169,7 @@ class Settings(BaseSettings):
         if not value:
             raise ValueError("at least one endpoint is needed")
         for url in value:
-            if not url.startswith(("http://", "https://")) or not url.endswith("/v1"):
-                raise ValueError(f"endpoint {url!r} must be an http(s) URL ending in /v1")
-            parts = urlsplit(url)
-            if "@" in parts.netloc:  # would be sent nowhere, and named everywhere
-                where = f"{parts.scheme}://***@{parts.netloc.rpartition('@')[2]}{parts.path}"
-                raise ValueError(
-                    f"endpoint {where} holds credentials (user:password@): remove them and "
-                    "set EAGLEGEN_API_KEY instead"
-                )
+            _check_endpoint(url)
         return [url.rstrip("/") for url in value]
 
     @field_validator("endpoint_caps", mode="before")
@@ -208,6 +204,10 @@ class Settings(BaseSettings):
             return self.visibility_timeout
         return int(self.max_request_time + self.backoff_max + 600)
 
+    def attempts_ceiling(self) -> int:
+        """How many times a sample's lease may be taken before the take fails it."""
+        return self.max_attempts or 3 * (self.max_retries + 1)
+
     def api_key_value(self) -> str:
         """The API key for the HTTP client; 'EMPTY' as vLLM expects when none is set."""
         return self.api_key.get_secret_value() if self.api_key else "EMPTY"
@@ -218,3 +218,30 @@ def check_run_name(value: str) -> str:
     if not RUN_NAME.match(value):
         raise ValueError(f"run name {value!r} must be 1-64 letters, digits, '_', '.' or '-'")
     return value
+
+
+def _check_endpoint(url: str) -> None:
+    """One endpoint of EAGLEGEN_ENDPOINTS: an http(s) URL with a host, ending in /v1."""
+    if any(c.isspace() for c in url) or url.count("://") > 1:
+        # "URL URL" (or "URL;URL") would otherwise pass as one URL and be sent nowhere.
+        raise ValueError(
+            f"endpoint {url!r} is not one URL: EAGLEGEN_ENDPOINTS is a comma-separated list "
+            "of URLs (URL,URL)"
+        )
+    if not url.startswith(("http://", "https://")) or not url.endswith("/v1"):
+        raise ValueError(f"endpoint {url!r} must be an http(s) URL ending in /v1")
+    parts = urlsplit(url)
+    if parts.query or parts.fragment or ";" in parts.path:
+        raise ValueError(f"endpoint {url!r} must be an http(s) URL ending in /v1")
+    try:
+        parts.port  # noqa: B018  (raises on a port that is not a number in range)
+    except ValueError:
+        raise ValueError(f"endpoint {url!r} has no valid port") from None
+    if not parts.hostname:
+        raise ValueError(f"endpoint {url!r} names no host")
+    if "@" in parts.netloc:  # would be sent nowhere, and named everywhere
+        where = f"{parts.scheme}://***@{parts.netloc.rpartition('@')[2]}{parts.path}"
+        raise ValueError(
+            f"endpoint {where} holds credentials (user:password@): remove them and "
+            "set EAGLEGEN_API_KEY instead"
+        )

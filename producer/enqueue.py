@@ -18,7 +18,7 @@ from common.ids import sample_id
 from common.models import GenParams, Sample, SourceRef
 from common.store import ProducerStore
 from producer.formats import InvalidRow, Prompt, detect_format, to_prompt
-from producer.preflight import prompt_estimate
+from producer.preflight import SAMPLE_ROWS, advice, prompt_estimate
 from producer.readers import RawRow, SourceInfo
 from producer.tools import tool_identity
 
@@ -39,6 +39,7 @@ class EnqueueCounts:
     invalid_examples: list[str] = field(default_factory=list)
     reasons: Counter[str] = field(default_factory=Counter)  # why invalid rows were skipped
     max_prompt_tokens: int | None = None
+    advice: str | None = None  # a --max-tokens that leaves room for the prompts, when some lack it
 
     def line(self) -> str:
         """The one-line summary printed at the end: the counts, then why rows were skipped."""
@@ -63,6 +64,7 @@ class EnqueueCounts:
             why.append(
                 f"too long: first prompt over the {self.max_prompt_tokens} tokens that "
                 "max_tokens leaves of the servers' max_model_len"
+                + (f" ({self.advice})" if self.advice else "")
             )
         return why
 
@@ -83,6 +85,9 @@ class Feeder:
     max_row_bytes: int = 4 << 20
     on_invalid: Callable[[int, str], None] = lambda row, reason: None
     on_progress: Callable[[EnqueueCounts], None] = lambda counts: None
+    # Creates the run (its parameters frozen) just before its first sample is accepted: an
+    # enqueue that accepts nothing leaves no run behind.
+    claim: Callable[[], None] = lambda: None
     wait: Callable[[float], None] = time.sleep
     counts: EnqueueCounts = field(default_factory=EnqueueCounts)
     # Names this producer's heartbeat in the run (``runs retire`` waits while one is live).
@@ -90,6 +95,8 @@ class Feeder:
     _seen: set[str] = field(default_factory=set)
     _sizes: dict[str, int] = field(default_factory=dict)  # the batch's samples, text bytes
     _fed: list[int] = field(default_factory=lambda: [0, 0])  # samples and bytes accepted
+    _estimates: list[int] = field(default_factory=list)  # of the first SAMPLE_ROWS prompts
+    _claimed: bool = False
 
     def run(self, rows: Iterable[RawRow], limit: int | None = None) -> EnqueueCounts:
         """Feed every row (the first ``limit``), blocking while the run has too much pending."""
@@ -99,6 +106,7 @@ class Feeder:
             for batch in _batches(islice(rows, limit), min(BATCH, self.max_pending)):
                 self._feed(batch)
                 self.on_progress(self.counts)
+            self._advise()
         finally:
             with contextlib.suppress(redis.RedisError, RunRetired):
                 self.store.beat(self.producer, alive=False)
@@ -110,6 +118,9 @@ class Feeder:
         fresh = [s for s, seen in zip(samples, known, strict=True) if not seen]
         self.counts.present += len(samples) - len(fresh)
         self._wait_for_room(len(fresh), sum(self._sizes[s.id] for s in fresh))
+        if fresh and not self._claimed:
+            self.claim()
+            self._claimed = True
         accepted = self.store.accept(fresh, self.producer)
         new_ids = [s.id for s, ok in zip(fresh, accepted, strict=True) if ok]
         self._fed[0] += len(new_ids)
@@ -139,8 +150,11 @@ class Feeder:
             self.params.system_for(prompt.system),
             self.params.turns_of(prompt.user_turns),
         )
+        estimate = prompt_estimate(system, turns)
+        if len(self._estimates) < SAMPLE_ROWS:
+            self._estimates.append(estimate)
         limit = self.max_prompt_tokens
-        if limit is not None and prompt_estimate(system, turns) > limit:
+        if limit is not None and estimate > limit:
             self.counts.too_long += 1
             return None
         sid = sample_id(system, turns, tool_identity(prompt.tools, self.params))
@@ -160,6 +174,12 @@ class Feeder:
             id=sid, system=prompt.system, user_turns=prompt.user_turns, source=source,
             tools=found.tools, tool_choice=found.tool_choice, script=found.messages,
         )  # fmt: skip
+
+    def _advise(self) -> None:
+        """Rows were too long: say which --max-tokens would leave them room."""
+        if self.counts.too_long and self.max_prompt_tokens is not None:
+            max_model_len = self.max_prompt_tokens + self.params.max_tokens
+            self.counts.advice = advice(max_model_len, self._estimates)
 
     def _format_of(self, data: dict[str, object]) -> str:
         # Auto-detection is per file: the first readable row decides, the rest must match.
@@ -190,6 +210,26 @@ class Feeder:
                 return
             self.store.beat(self.producer)  # waiting for room is still feeding the run
             self.wait(0.5)
+
+
+def prompt_estimates(
+    rows: Iterable[RawRow], fmt: str, params: GenParams, limit: int = SAMPLE_ROWS
+) -> list[int]:
+    """Lower bounds of the first prompts' tokens of a source's first ``limit`` rows (rows
+    that are not prompts left out), for a --max-tokens that leaves them room."""
+    found: list[int] = []
+    chosen = None if fmt == "auto" else fmt
+    for row in islice(rows, limit):
+        try:
+            chosen = chosen or (detect_format(row.data) if row.data is not None else None)
+            if chosen is None or row.data is None:
+                continue
+            prompt = to_prompt(row.data, chosen)
+        except (InvalidRow, ValueError, TypeError, AttributeError, KeyError, RecursionError):
+            continue
+        system, turns = params.system_for(prompt.system), params.turns_of(prompt.user_turns)
+        found.append(prompt_estimate(system, turns))
+    return found
 
 
 def _text_bytes(prompt: Prompt) -> int:

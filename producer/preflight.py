@@ -10,11 +10,12 @@ unchecked, with a warning: the workers' own errors still apply then.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from common.errors import InvalidParams
@@ -22,6 +23,11 @@ from common.models import GenParams
 from common.redact import redact_url
 
 TIMEOUT_S = 5.0
+# The share of a source's first prompts a suggested --max-tokens leaves room for (a few very
+# long rows are skipped rather than shrink every answer).
+ROOM_SHARE = 0.95
+# Rows read to estimate a source's prompts for that suggestion.
+SAMPLE_ROWS = 1000
 # Tokens a chat template adds around each message (role header, end-of-turn), at least.
 PER_MESSAGE_TOKENS = 4
 
@@ -60,15 +66,31 @@ def server_limits(
     return ServerLimits(min(lengths) if lengths else None, unchecked)
 
 
-def check_max_tokens(params: GenParams, limits: ServerLimits) -> None:
-    """Refuse ``max_tokens`` that leaves no room for any prompt (one line)."""
+def check_max_tokens(
+    params: GenParams, limits: ServerLimits, prompts: Callable[[], Sequence[int]] = tuple
+) -> None:
+    """Refuse ``max_tokens`` that leaves no room for any prompt (one line), with a value that
+    leaves room for most of ``prompts`` (their estimates, asked for only then)."""
     limit = limits.max_model_len
     if limit is not None and params.max_tokens + PER_MESSAGE_TOKENS > limit:
         raise InvalidParams(
             f"--max-tokens {params.max_tokens} does not fit the servers' max_model_len {limit} "
-            "(prompt + completion tokens, from GET /v1/models): use at most "
-            f"{limit - PER_MESSAGE_TOKENS - 1}, leaving room for the prompts"
+            f"(prompt + completion tokens, from GET /v1/models): {advice(limit, prompts())}"
         )
+
+
+def advice(max_model_len: int, prompts: Sequence[int]) -> str:
+    """The largest ``--max-tokens`` that leaves room for most first prompts (``prompts``:
+    their estimates), said in words."""
+    if not prompts:
+        return f"use at most {max_model_len - PER_MESSAGE_TOKENS - 1}, leaving room for a prompt"
+    ranked = sorted(prompts)
+    longest = ranked[max(0, math.ceil(ROOM_SHARE * len(ranked)) - 1)]
+    room = max_model_len - longest
+    share = f"{ROOM_SHARE:.0%} of the {len(ranked)} first prompts read"
+    if room < 1:
+        return f"{share} take {longest} tokens or more: no --max-tokens leaves them room"
+    return f"use at most {room}: it leaves room for {share} (by a lower bound of their tokens)"
 
 
 def _ask_all(
@@ -82,8 +104,8 @@ def _ask_all(
     def ask(url: str) -> None:
         try:
             answers[url] = _max_model_len(url, model, api_key, timeout)
-        except (OSError, ValueError) as exc:
-            answers[url] = exc
+        except Exception as exc:  # any failure is this endpoint's reason, said in enqueue's
+            answers[url] = exc  # one line (raised in the thread it printed a traceback)
 
     threads = [threading.Thread(target=ask, args=(url,), daemon=True) for url in endpoints]
     for thread in threads:
@@ -111,6 +133,11 @@ def _max_model_len(url: str, model: str | None, api_key: str, timeout: float) ->
 
 
 def _reason(exc: Exception) -> str:
+    """Why an endpoint gave no limit, on one line (a server's text may hold line breaks)."""
     if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
-        return str(exc.reason)
-    return str(exc)[:200]
+        text = str(exc.reason)
+    elif isinstance(exc, OSError | ValueError):
+        text = str(exc)
+    else:  # http.client's protocol errors say little without their name
+        text = f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:200]

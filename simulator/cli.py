@@ -29,9 +29,17 @@ class ReasoningFieldChoice(enum.StrEnum):
     inline = "inline"
 
 
+class OverContextChoice(enum.StrEnum):
+    """What a request whose prompt + max_tokens is over the context window gets."""
+
+    refuse = "refuse"
+    clamp = "clamp"
+
+
 # Single source of truth for the option defaults: the SimConfig model.
 _DEFAULTS = SimConfig()
 _REASONING_DEFAULT = ReasoningFieldChoice(_DEFAULTS.reasoning_field)
+_OVER_CONTEXT_DEFAULT = OverContextChoice(_DEFAULTS.over_context)
 
 Opt = typer.Option
 
@@ -55,6 +63,10 @@ def simulate(
     max_model_len: Annotated[
         int, Opt(help="Context window: prompt + completion tokens.")
     ] = _DEFAULTS.max_model_len,
+    over_context: Annotated[
+        OverContextChoice,
+        Opt(help="prompt + max_tokens over the window: refuse (400) or clamp (vLLM 0.32)."),
+    ] = _OVER_CONTEXT_DEFAULT,
     min_answer_tokens: Annotated[
         int, Opt(help="Shortest answer content, in tokens.")
     ] = _DEFAULTS.min_answer_tokens,
@@ -171,6 +183,7 @@ def simulate(
             ttft=ttft,
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
+            over_context=over_context.value,
             min_answer_tokens=min_answer_tokens,
             max_answer_tokens=max_answer_tokens,
             long_answer_share=long_answer_share,

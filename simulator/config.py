@@ -21,6 +21,9 @@ class SimConfig(BaseModel):
     ttft: float = Field(default=0.0, ge=0.0)  # seconds to first token once a slot is free
     max_num_seqs: int = Field(default=64, ge=1)  # running sequences; the rest wait FIFO
     max_model_len: int = Field(default=4096, ge=2)  # prompt + completion tokens
+    # A request whose prompt + max_tokens is over max_model_len: refused with a 400, or served
+    # with max_tokens cut to the window left (vLLM 0.32 does; simulator/plans.py fit_context).
+    over_context: Literal["refuse", "clamp"] = "refuse"
     min_answer_tokens: int = Field(default=16, ge=1)
     max_answer_tokens: int = Field(default=256, ge=1)
     # A long tail, as reasoning models' answer lengths have: this share of answers (drawn per

@@ -91,6 +91,14 @@ def cut_point(n_tokens: int, rng: random.Random) -> int:
     return rng.randint(1, max(1, n_tokens - 1))
 
 
+def prompt_too_long(prompt_tokens: int, max_model_len: int) -> str:
+    """vLLM's message for a prompt that leaves no room for a completion token."""
+    return (
+        f"This model's maximum context length is {max_model_len} tokens. However, your request "
+        f"has {prompt_tokens} input tokens. Please reduce the length of the input messages."
+    )
+
+
 def context_error(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> str | None:
     """Return vLLM's context-length error message, or None if the request fits."""
     # Without max_tokens at least one completion token must still fit.

@@ -15,7 +15,7 @@ from typing import cast
 
 from simulator.answers import Message, count_prompt_tokens, expected_answer, prompt_key
 from simulator.config import ReasoningField, SimConfig
-from simulator.faults import context_error
+from simulator.faults import context_error, prompt_too_long
 from simulator.jobs import ChatRequest, CompletionRequest, Output, answer_pieces, raw_piece
 from simulator.output import Generation, Resume, generation, model_output, resume_point
 from simulator.tokenizer import (
@@ -74,10 +74,9 @@ def _tool_plan(
 ) -> Plan | Rejection:
     key = prompt_key(req.messages)
     prompt_ids = encode_chat(req.messages, req.thinking, tools=req.tools)
-    too_long = context_error(len(prompt_ids), req.limit, cfg.max_model_len)
+    too_long, limit = fit_context(len(prompt_ids), req.limit, cfg)
     if too_long is not None:
         return Rejection(too_long, key)
-    limit = req.limit if req.limit is not None else cfg.max_model_len - len(prompt_ids)
     output = tool_output(req.messages, calls, cfg, req.thinking, limit)
     return Plan(key, len(prompt_ids), prompt_ids, with_ids, output)
 
@@ -85,10 +84,10 @@ def _tool_plan(
 def _legacy_plan(req: ChatRequest, cfg: SimConfig) -> Plan | Rejection:
     key = prompt_key(req.messages)
     prompt_tokens = count_prompt_tokens(req.messages)
-    too_long = context_error(prompt_tokens, req.limit, cfg.max_model_len)
+    too_long, limit = fit_context(prompt_tokens, req.limit, cfg)
     if too_long is not None:
         return Rejection(too_long, key)
-    answer = expected_answer(req.messages, req.limit, cfg, req.thinking)
+    answer = expected_answer(req.messages, limit, cfg, req.thinking)
     pieces = answer_pieces(answer, cfg.reasoning_field)
     # Ids of the legacy pieces feed only the prefix cache (legacy tags are fused to words).
     ids = [encode_text(text, key) for _, text in pieces]
@@ -186,6 +185,23 @@ def _resume(
     return prompt_key(messages), Resume(model_output(messages, cfg, False), 0)
 
 
+def fit_context(
+    prompt_tokens: int, max_tokens: int | None, cfg: SimConfig
+) -> tuple[str | None, int]:
+    """What a server makes of a request's length: its error (None: served), and the most
+    tokens it generates. Without max_tokens, the rest of the context window (as vLLM). With
+    ``over_context`` "clamp" (vLLM 0.32), max_tokens is cut to the window left after the
+    prompt (``get_max_tokens``) and only a prompt that fills the window is refused; with
+    "refuse" (vLLM's releases that check the sum), prompt + max_tokens over it is a 400."""
+    room = cfg.max_model_len - prompt_tokens
+    if cfg.over_context == "clamp":
+        if room <= 0:
+            return prompt_too_long(prompt_tokens, cfg.max_model_len), 0
+        return None, room if max_tokens is None else min(max_tokens, room)
+    too_long = context_error(prompt_tokens, max_tokens, cfg.max_model_len)
+    return too_long, room if max_tokens is None else max_tokens
+
+
 def _raw_plan(
     key: str,
     prompt_ids: list[int],
@@ -195,11 +211,9 @@ def _raw_plan(
     return_ids: bool,
     reasoning_field: ReasoningField | None = None,
 ) -> Plan | Rejection:
-    too_long = context_error(len(prompt_ids), max_tokens, cfg.max_model_len)
+    too_long, limit = fit_context(len(prompt_ids), max_tokens, cfg)
     if too_long is not None:
         return Rejection(too_long, key)
-    # Like vLLM: without max_tokens the completion may use the rest of the context window.
-    limit = max_tokens if max_tokens is not None else cfg.max_model_len - len(prompt_ids)
     made = generation(resume.output, resume.start, limit)
     output = raw_output(made, reasoning_field or cfg.reasoning_field)
     return Plan(key, len(prompt_ids), prompt_ids, return_ids, output)

@@ -68,6 +68,7 @@ class FakeStore:
     lost_on_renew: set[str] = field(default_factory=set)
     lock: FakeLock = field(default_factory=FakeLock)
     meta: dict[str, str] = field(default_factory=dict)
+    out_of_rotation: dict[str, str] = field(default_factory=dict)  # endpoint -> why
 
     def add(self, s: Sample) -> None:
         self.samples[s.id] = s
@@ -78,7 +79,10 @@ class FakeStore:
     def params(self) -> GenParams | None:
         return self.params_
 
-    def take(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> Taken:
+    def take(
+        self, sample_id: str, owner: str, ttl_s: float, retries: int = 0, ceiling: int = 0
+    ) -> Taken:
+        # The attempts ceiling is the Lua script's (tests/integration/test_bounded_attempts.py).
         if sample_id not in self.pending:
             return Taken("done")
         if self.leases.get(sample_id, owner) != owner:
@@ -171,6 +175,18 @@ class FakeStore:
         self.model = getattr(self, "model", None) or model
         return self.model
 
+    def endpoints_out(self) -> dict[str, str]:
+        return dict(self.out_of_rotation)
+
+    def take_endpoint_out(self, endpoint: str, reason: str) -> bool:
+        return self.out_of_rotation.setdefault(endpoint, reason) == reason
+
+    def bring_endpoints_back(self) -> None:
+        self.out_of_rotation.clear()
+
+    def refused_endpoints(self) -> dict[str, str]:
+        return {}
+
     def meta_value(self, name: str) -> str | None:
         return self.meta.get(name)
 
@@ -227,6 +243,14 @@ class FakeStore:
 
     def collector_lock(self, ttl_s: float) -> FakeLock:
         return self.lock
+
+
+def store_of(n: int) -> FakeStore:
+    """A store with ``n`` pending one-turn samples, ``s0`` to ``s{n-1}``."""
+    store = FakeStore()
+    for i in range(n):
+        store.add(sample(f"s{i}"))
+    return store
 
 
 class FakeClient:

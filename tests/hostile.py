@@ -43,6 +43,15 @@ def good_events(ids: bool = True) -> list[bytes]:
     return [*events, b"data: [DONE]\n\n"]
 
 
+def tool_call_events(calls: list[dict[str, object]]) -> list[bytes]:
+    """A turn of tool calls, one fragment each, then its finish, usage and [DONE]."""
+    events = [sse(chunk({"tool_calls": [call]})) for call in calls]
+    events.append(sse(chunk(finish_reason="tool_calls")))
+    usage = {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12}
+    events.append(sse({"id": "x", "choices": [], "usage": usage}))
+    return [*events, b"data: [DONE]\n\n"]
+
+
 def _nested(depth: int) -> str:
     return '{"a":' * depth + "1" + "}" * depth
 
@@ -82,11 +91,17 @@ class Hostile(BaseHTTPRequestHandler):
             return self._send(200, b"[]")
         if self.case == "trickle-models":
             return self._trickle_head()
+        if self.case == "not-http":  # a status line no HTTP client parses (BadStatusLine)
+            self.close_connection = True
+            self._write(b"SSH-2.0-OpenSSH\r\n\r\n")
+            return None
         self._send(200, json.dumps({"object": "list", "data": [{"id": "m"}]}).encode())
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.body = self.rfile.read(int(self.headers.get("content-length", 0)))
         self.server.count(self.case, "post")
+        if self.case.startswith("tools-"):  # what the client sends back is the test's point
+            self.server.keep(self.case, self.body)
         handler = getattr(self, "_" + self.case.replace("-", "_"), None)
         if self.case in SHAPES:
             *events, done = good_events()
@@ -149,6 +164,37 @@ class Hostile(BaseHTTPRequestHandler):
         events[3] = sse(chunk({"content": TEXT[2]}, token_ids=[13, 14]))  # 4 ids, usage says 3
         self._stream(events)
 
+    def _tools_one_index(self) -> None:
+        """Parallel calls as Ollama's OpenAI API and some bridges stream them: each whole, all
+        at index 0 with their own ids, the second's arguments a JSON object; after the tool
+        results, a text answer."""
+        if json.loads(self.body)["messages"][-1]["role"] == "tool":
+            return self._stream(good_events(ids=False))
+        calls = [
+            {"index": 0, "id": "call_a", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+            {"index": 0, "id": "call_b", "type": "function",
+             "function": {"name": "get_time", "arguments": {"city": "Oslo"}}},
+        ]  # fmt: skip
+        self._stream(tool_call_events(calls))
+
+    def _tool_id_int(self) -> None:
+        # A call whose id is a number (the source calls get_weather, so the call matches).
+        call = {
+            "index": 0,
+            "id": 7,
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        }
+        events = [sse(chunk({"tool_calls": [call]})), sse(chunk(finish_reason="tool_calls"))]
+        usage = {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+        events.append(sse({"id": "x", "choices": [], "usage": usage}))
+        self._stream([*events, b"data: [DONE]\n\n"])
+
+    def _completion_choices(self) -> None:
+        # A capture server's completion (JSON, not a stream) whose choices are not objects.
+        self._send(200, b'{"choices": [1]}')
+
     def _secret_500(self) -> None:
         quoted = f"bad request headers: Authorization: Bearer {SECRET}; retry later"
         body = json.dumps({"error": {"message": quoted, "code": 500}}).encode()
@@ -157,6 +203,10 @@ class Hostile(BaseHTTPRequestHandler):
     def _secret_event(self) -> None:
         error = {"error": {"message": f"engine died; header was Bearer {SECRET}"}}
         self._stream([sse(error)])
+
+    def _route_404(self) -> None:
+        # A server (or a proxy) without the chat route: FastAPI's body, as vLLM sends it.
+        self._send(404, b'{"detail":"Not Found"}')
 
     def _silent(self) -> None:
         self._hold(60.0)  # not a byte: a request queued behind others
@@ -234,6 +284,7 @@ class HostileServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Hostile)
         self.stopping = threading.Event()
         self._counts: dict[tuple[str, str], int] = {}
+        self._bodies: dict[str, list[bytes]] = {}
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
         self._thread.start()
@@ -245,9 +296,24 @@ class HostileServer(ThreadingHTTPServer):
         with self._lock:
             self._counts[case, method] = self._counts.get((case, method), 0) + 1
 
+    def keep(self, case: str, body: bytes) -> None:
+        with self._lock:
+            self._bodies.setdefault(case, []).append(body)
+
+    def bodies(self, case: str) -> list[dict[str, object]]:
+        """The request bodies a case was sent, in order."""
+        with self._lock:
+            return [json.loads(b) for b in self._bodies.get(case, [])]
+
     def calls(self, case: str, method: str) -> int:
         with self._lock:
             return self._counts.get((case, method), 0)
+
+    def __enter__(self) -> HostileServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         self.stopping.set()

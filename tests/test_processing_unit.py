@@ -139,8 +139,8 @@ def _lose_lease_after_take(store: FakeStore) -> None:
     """Every lease taken expires at once and another worker takes the sample over."""
     real_take = store.take
 
-    def take_then_lose(sample_id, owner, ttl_s, retries=0):
-        taken = real_take(sample_id, owner, ttl_s, retries)
+    def take_then_lose(sample_id, owner, ttl_s, retries=0, ceiling=0):
+        taken = real_take(sample_id, owner, ttl_s, retries, ceiling)
         store.leases[sample_id] = "the-new-holder"  # ours expired mid-generation
         return taken
 
@@ -173,3 +173,24 @@ def test_a_transient_error_with_retries_left_gives_the_lease_back_and_fails_noth
     with pytest.raises(errors.ServerError):
         proc.process("r", "a", retries=0)
     assert store.failed == {} and "a" not in store.leases and "a" in store.pending
+
+
+def test_an_exception_outside_the_tree_on_the_last_attempt_is_stored_as_failed():
+    """Before, only a GenerationError was stored: the sample stayed pending without a lease,
+    the reconciler re-published it with its retries at 0, and it ran for ever."""
+    store = FakeStore()
+    store.add(sample("a"))
+    settings = Settings(api_key="sk-secret-123", max_retries=1)
+    proc, _, observer, _ = _processor(
+        store, TypeError("first"), TypeError("id 7 is no str (sk-secret-123)"), settings=settings
+    )
+    with pytest.raises(errors.Unexpected):
+        proc.process("r", "a", retries=0)
+    assert store.failed == {} and "a" not in store.leases  # a retry is left: given back
+    with pytest.raises(errors.Unexpected) as raised:
+        proc.process("r", "a", retries=1)
+    assert isinstance(raised.value.__cause__, TypeError)
+    failure = store.failed["a"]
+    assert (failure.kind, failure.attempts) == ("unexpected", 2)
+    assert failure.message.startswith("TypeError: id 7") and "sk-secret-123" not in failure.message
+    assert observer.events == [("error", "Unexpected"), ("error", "Unexpected")]

@@ -4,12 +4,17 @@ import json
 
 import pytest
 
+from cli.status_view import _tools_line
+from common import errors, tool_counts
 from common.ids import sample_id
+from common.keys import RunKeys
 from common.models import GenParams, Sample, SourceRef, TurnResult
 from producer.formats import InvalidRow, to_prompt
 from producer.tools import tool_identity
+from worker.chat.client import translate_errors
 from worker.chat.stream import TurnStream
 from worker.pipeline.tool_turns import (
+    CUT,
     MISMATCH,
     answer_tool_turns,
     build_tool_record,
@@ -203,3 +208,109 @@ def test_original_history_answers_every_source_turn_after_the_source_messages():
     assert seen[1][2]["tool_calls"][0]["id"] == "s1"  # the source's own turn, not ours
     assert [m["tool_call_id"] for m in seen[1] if m["role"] == "tool"] == ["s2", "s1"]
     assert walk(sample, params, turns).stop_turn is None
+
+
+def _delta(d, finish=None):
+    return {"choices": [{"index": 0, "delta": d, "finish_reason": finish}]}
+
+
+def _streamed(*fragments, finish="tool_calls"):
+    stream = TurnStream("http://e/v1")
+    with translate_errors("http://e/v1"):
+        stream.feed(_sse(*[_delta({"tool_calls": [f]}) for f in fragments], _delta({}, finish)))
+        return stream.result(0.1, "m")
+
+
+def _fragment(index, cid=None, name=None, arguments=None):
+    function = {k: v for k, v in (("name", name), ("arguments", arguments)) if v is not None}
+    return {"index": index, **({"id": cid} if cid else {}), "function": function}
+
+
+def test_parallel_calls_streamed_under_one_index_with_their_own_ids_stay_apart_in_order():
+    # Ollama's OpenAI API: every call whole, each at index 0 with its own id.
+    turn = _streamed(
+        _fragment(0, "call_a", "get_weather", '{"city": "Oslo"}'),
+        _fragment(0, "call_b", "get_time", '{"tz": '),
+        _fragment(0, arguments='"UTC"}'),  # no id: the call open at its index
+        _fragment(0, "call_c", "get_weather", '{"city": "Rome"}'),
+    )
+    assert turn.tool_calls == [
+        _call("call_a", "get_weather", '{"city": "Oslo"}'),
+        _call("call_b", "get_time", '{"tz": "UTC"}'),
+        _call("call_c", "get_weather", '{"city": "Rome"}'),
+    ]
+    assert turn.tool_arguments_serialised is None
+
+
+def test_a_fragment_naming_another_function_at_an_index_opens_a_new_call():
+    turn = _streamed(
+        _fragment(0, name="get_weather", arguments="{}"),
+        _fragment(0, name="get_time", arguments="{}"),
+    )
+    assert [c["function"]["name"] for c in turn.tool_calls] == ["get_weather", "get_time"]
+
+
+def test_one_id_naming_two_functions_is_a_bad_response():
+    with pytest.raises(errors.BadResponse, match="two function names"):
+        _streamed(_fragment(0, "call_a", "get_weather"), _fragment(0, "call_a", "get_time"))
+
+
+def test_arguments_sent_as_an_object_are_serialised_once_as_json_and_counted():
+    turn = _streamed(_fragment(0, "call_a", "get_weather", {"city": "Oslo", "note": "ø"}))
+    assert turn.tool_calls == [_call("call_a", "get_weather", '{"city": "Oslo", "note": "ø"}')]
+    assert json.loads(turn.tool_calls[0]["function"]["arguments"]) == {"city": "Oslo", "note": "ø"}
+    assert turn.tool_arguments_serialised == 1
+    assert json.loads(turn.stats().model_dump_json())["tool_arguments_serialised"] == 1
+
+
+@pytest.mark.parametrize(
+    ("fragments", "why"),
+    [
+        ([_fragment(0, 7, "get_weather", "{}")], "id is a int"),
+        ([_fragment(0, "call_a", ["get_weather"], "{}")], "name is a list"),
+        ([_fragment(0, "call_a", "get_weather", ["{}"])], "arguments are a list"),
+        ([_fragment(0, "call_a", "get_weather", 5)], "arguments are a int"),
+        (
+            [_fragment(0, "call_a", "get_weather", {"a": 1}), _fragment(0, arguments="{}")],
+            "continue after a JSON object",
+        ),
+        ([_fragment(0, "call_a", "get_weather", "{"), _fragment(0, arguments={"a": 1})], "a dict"),
+    ],
+)
+def test_server_supplied_ids_names_and_arguments_of_the_wrong_type_are_a_bad_response(
+    fragments, why
+):
+    with pytest.raises(errors.BadResponse, match=why):
+        _streamed(*fragments)
+
+
+def test_a_tool_turn_cut_at_max_tokens_ends_the_conversation_as_cut_not_as_another_call():
+    # Cut inside its first call: the parser sent no call, or a part of one.
+    sample, params = _sample(_openai_row()), GenParams()
+    for partial in (None, [_call("r1", "get_weather", '{"ci')]):
+        cut = _turn(calls=partial, reason="length")
+        turns = answer_tool_turns(sample, params, [], lambda m, t=cut: t, lambda d: None)
+        record = build_tool_record("run", sample, params, turns, 1)
+        assert len(turns) == 1
+        assert (record.generation.stop_reason, record.generation.stop_turn) == (CUT, 0)
+
+
+def test_status_counts_cut_tool_conversations_apart_from_calls_of_another_function(rdb):
+    keys = RunKeys("eaglegen", "tools-cut")
+    sample = _sample(_openai_row())
+    matching = [_call("r1", "get_weather", "{}"), _call("r2", "get_time", "{}")]
+    endings = [  # cut at turn 0, cut at turn 1, another function at turn 0, whole
+        [_turn(reason="length")],
+        [_turn(calls=matching, reason="tool_calls"), _turn("Rain, no", reason="length")],
+        [_turn(calls=[_call("r1", "get_time", "{}")], reason="tool_calls")],
+        [_turn(calls=matching, reason="tool_calls"), _turn("noon"), _turn("bye")],
+    ]
+    for turns in endings:
+        tool_counts.count(rdb, keys, build_tool_record("run", sample, GenParams(), turns, 1))
+    found = tool_counts.read(rdb, keys)
+    assert found is not None
+    assert (found["kept_whole"], found["stopped"], found["cut"]) == (1, 1, 2)
+    assert (found["stopped_at_turn"], found["cut_at_turn"]) == ({"0": 1}, {"0": 1, "1": 1})
+    line = _tools_line(found).plain
+    assert "stopped at a call of another function 1 (turn 0: 1)" in line
+    assert "cut (finish_reason length) 2 (turn 0: 1, turn 1: 1)" in line

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.finish import FINISHED_REASONS
+
 _ROLES = {
     "system": "system",
     "user": "user",
@@ -74,6 +76,8 @@ def _message(raw: Any, index: int) -> dict[str, Any]:
         raise RecordError(f"message {index} has no known role")
     content = raw.get("content", raw.get("value"))
     if content is None and role == "assistant":
+        if not raw.get("tool_calls"):  # its answer was lost: trained on, it would teach nothing
+            raise RecordError(f"message {index} is an assistant message without content")
         content = ""
     if not isinstance(content, str):
         raise RecordError(f"message {index} content is not a string")
@@ -150,10 +154,19 @@ def parse_record(obj: Any) -> Record:
         id=_record_id(obj, raw),
         messages=tuple(messages),
         assistant_at=tuple(assistant_at),
-        turns=_turn_meta(generation, len(assistant_at)),
+        turns=_finished(_turn_meta(generation, len(assistant_at))),
         template_kwargs=dict(kwargs) if isinstance(kwargs, dict) else {},
         tools=_tools(obj.get("tools")),
     )
+
+
+def _finished(turns: tuple[TurnMeta, ...]) -> tuple[TurnMeta, ...]:
+    """The turns, unless one was broken off (vLLM's ``abort``, ``error``, an unknown reason):
+    its text is a partial answer, and the turns after it were generated on top of it."""
+    for k, turn in enumerate(turns):
+        if turn.finish_reason is not None and turn.finish_reason not in FINISHED_REASONS:
+            raise RecordError(f"turn {k} did not finish (finish_reason {turn.finish_reason!r})")
+    return turns
 
 
 def _tools(value: Any) -> list[dict[str, Any]] | None:

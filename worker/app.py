@@ -15,6 +15,7 @@ from typing import Any
 import redis
 
 from broker.app import BrokerApp
+from common.loop_errors import LoopErrors, restarted
 from common.settings import Settings
 from common.store import RunStores, connect
 from worker.endpoints.adaptive import AdaptiveDriver
@@ -37,7 +38,8 @@ class WorkerParts:
         self.settings = settings
         self.redis: redis.Redis = connect(settings.redis_url, settings.redis_sentinel_master)
         self.stores = RunStores(self.redis, settings.key_prefix)
-        self.leases = LeaseKeeper(self.stores, settings.lease_ttl)
+        self.loop_errors = LoopErrors.of(self.redis, settings)
+        self.leases = LeaseKeeper(self.stores, settings.lease_ttl, self.loop_errors)
         self.endpoints = build_endpoints(settings, self.redis)
         self.observer = Observer(self.redis, settings, self.leases.count)
         self.aborter = Aborter(self.redis, settings, self.observer.metrics.abort)
@@ -70,7 +72,10 @@ class WorkerParts:
             if self.settings.adaptive:
                 driver = AdaptiveDriver(self.settings, self.redis, pool.table)
                 loops["adaptive-caps"] = lambda: driver.run(pool.stopped)
-            self._endpoint_threads = [_thread(target, name) for name, target in loops.items()]
+            self._endpoint_threads = [
+                _thread(restarted(name, target, self.loop_errors, pool.stopped), name)
+                for name, target in loops.items()
+            ]
 
     def start(self) -> None:
         """Everything, once the worker is ready: also reconciliation, metrics and the summary."""

@@ -17,9 +17,8 @@ from broker.message import GENERATE_TASK
 from common import errors
 from common.backoff import backoff_delay
 from common.logs import secrets_of
-from common.redact import redact
 from common.settings import Settings
-from worker.pipeline.processing import is_final
+from worker.pipeline.processing import is_final, unexpected
 
 # Redis restarting: try again soon; if even this publish fails, the reconciler finds the
 # sample (pending, no lease, no message) and re-enqueues it.
@@ -72,20 +71,13 @@ def register_tasks(
         try:
             return work.process(run, sample_id, self.request.retries)
         except Exception as exc:
+            # Translated under the lease already (and stored if final); not what escaped
+            # before the lease was taken (it has its attempts ceiling in the take).
             known = unexpected(exc, secrets)
             step = after_error(known, self.request.retries, settings)
             if step is None:
                 raise
             return _follow(self, step, known, work, hand_back, run, sample_id)
-
-
-def unexpected(exc: Exception, secrets: list[str]) -> Exception:
-    """``exc``, or, outside EagleGen's tree and Redis's, an :class:`errors.Unexpected` naming it
-    (redacted: its text may be a server's): an attempt like any other, bounded by max_retries."""
-    if isinstance(exc, errors.EagleGenError | redis.RedisError):
-        return exc
-    text = " ".join(redact(f"{type(exc).__name__}: {exc}", secrets).split())[:500]
-    return errors.Unexpected(text)
 
 
 def _follow(

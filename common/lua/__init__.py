@@ -27,6 +27,7 @@ from common.lua.lifecycle import (
     PRUNE_CLOCKS,
     RETIRE_RUN,
     STATS_WRITE,
+    TAKE_OUT_ENDPOINT,
     TAKE_READY,
 )
 from common.lua.samples import (
@@ -83,5 +84,6 @@ __all__ = [
     "STATS_WRITE",
     "STORE_FAILURE",
     "STORE_RESULT",
+    "TAKE_OUT_ENDPOINT",
     "TAKE_READY",
 ]

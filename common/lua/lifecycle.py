@@ -117,6 +117,14 @@ if pinned ~= ARGV[1] then redis.call('HSET', KEYS[3], ARGV[2], ARGV[3]) end
 return pinned
 """
 
+# KEYS: retired, endpoints out   ARGV: endpoint, reason
+# An endpoint refusing the run's requests is taken out of its rotation, once, with the reason
+# of the first worker to do it. 1 if this call took it out; 0 if it was out, or the run retired.
+TAKE_OUT_ENDPOINT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+return redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2])
+"""
+
 # -- worker bookkeeping (worker/clock_watch.py) ----------------------------------------------
 
 # KEYS: clocks   ARGV: max age s   drops readings older than that (by Redis's clock): a worker

@@ -64,12 +64,15 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 return redis.call('HINCRBY', KEYS[2], ARGV[1], tonumber(ARGV[2]))
 """
 
-# KEYS: pending, leases, lease_owner, prompts, counters, reaped, retired
-# ARGV: id, owner, ttl_ms, retries, attempts field, partial field, checkpoint field
+# KEYS: pending, leases, lease_owner, prompts, counters, reaped, retired, failed, checkpoint log
+# ARGV: id, owner, ttl_ms, retries, attempts field, partial field, checkpoint field, ceiling
+#       (0: none), failure message
 # Everything a worker needs to start on a sample, in one call: the lease, the attempt count,
 # the prompt, the turns answered by earlier attempts and the checkpoint of the turn they were
 # on. Returns {'ok', attempts, prompt, partial, checkpoint} (nil or empty when absent), or
-# {'done'} / {'leased'} / {'retired'}.
+# {'done'} / {'leased'} / {'retired'}, or {'exhausted', attempts}: taken ``ceiling`` times
+# already, whatever ended those takes (a defect looping, workers dying on it), the sample is
+# failed here as STORE_FAILURE fails it (prompt and answered turns kept for retry-failed).
 # An attempt beyond the message's own retries means the message came again (the reconciler,
 # a hand-back, the visibility timeout): counted as a redelivery. A lease and its owner are
 # always written and removed together, so a sample without an owner has no lease to check.
@@ -82,6 +85,20 @@ local owner = redis.call('HGET', KEYS[3], ARGV[1])
 if owner and owner ~= ARGV[2] then
   local expiry = redis.call('ZSCORE', KEYS[2], ARGV[1])
   if expiry and tonumber(expiry) > now then return {'leased'} end
+end
+local taken = tonumber(redis.call('HGET', KEYS[4], ARGV[5]) or '0')
+if tonumber(ARGV[8]) > 0 and taken >= tonumber(ARGV[8]) then
+  local failure = {kind = 'attempts_exhausted', message = ARGV[9], attempts = taken,
+                   at = now / 1000}
+  redis.call('SREM', KEYS[1], ARGV[1])
+  redis.call('HSET', KEYS[8], ARGV[1], cjson.encode(failure))
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[3], ARGV[1])
+  redis.call('HDEL', KEYS[6], ARGV[1])
+  redis.call('HDEL', KEYS[4], ARGV[7])
+  redis.call('DEL', KEYS[9])
+  redis.call('HINCRBY', KEYS[5], 'failed:attempts_exhausted', 1)
+  return {'exhausted', taken}
 end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
@@ -276,20 +293,24 @@ redis.call('HDEL', KEYS[1], ARGV[1])
 return raw
 """
 
-# KEYS: leases, lease_owner, reaped   returns the ids whose lease expired (their holder is
-# gone, or paused). The holder's token is noted in ``reaped``: if it was only paused, its
-# renewal takes the lease back while no one else has (LEASE_RENEW).
+# KEYS: leases, lease_owner, reaped   returns {id1, holder1, id2, holder2...}: the leases that
+# expired (their holder is gone, or paused) and each one's holder token ('' if none). The
+# holder's token is noted in ``reaped``: if it was only paused, its renewal takes the lease
+# back while no one else has (LEASE_RENEW); the reaper aborts that holder's request only.
 REAP_EXPIRED = (
     NOW_MS
     + """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+local out = {}
 for i = 1, #ids do
   local owner = redis.call('HGET', KEYS[2], ids[i])
   if owner then redis.call('HSET', KEYS[3], ids[i], owner) end
   redis.call('ZREM', KEYS[1], ids[i])
   redis.call('HDEL', KEYS[2], ids[i])
+  out[#out + 1] = ids[i]
+  out[#out + 1] = owner or ''
 end
-return ids
+return out
 """
 )
 

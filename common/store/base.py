@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import NoReturn
 
 import redis
 from redis.commands.core import Script
@@ -49,10 +50,27 @@ class RunBase:
             args=[repr(time.time()), params.model_dump_json(), queue or ""],
         )
         if reply == -1:
-            summary = self.retired_summary()
-            raise RunRetired(retired_line(self.run, summary or {}))
+            self._refuse_retired()
         self.r.sadd(runs_key(self.prefix), self.run)
-        stored_params, stored_queue = validated(GenParams, str(reply[0])), str(reply[1])
+        self._compare(str(reply[0]), str(reply[1]), params, queue)
+
+    def check_params(self, params: GenParams, queue: str | None = None) -> None:
+        """Fail as ``ensure_params`` would, writing nothing: a producer checks at its start
+        and creates the run with its first sample, so that an enqueue that accepts nothing
+        (every row too long, say) leaves no run frozen with its parameters."""
+        if self.r.exists(self.keys.retired):
+            self._refuse_retired()
+        stored, stored_queue = self.r.hmget(self.keys.meta, ["params", "queue"])
+        if stored:
+            self._compare(str(stored), str(stored_queue or ""), params, queue)
+
+    def _refuse_retired(self) -> NoReturn:
+        summary = self.retired_summary()
+        raise RunRetired(retired_line(self.run, summary or {}))
+
+    def _compare(
+        self, stored: str, stored_queue: str, params: GenParams, queue: str | None
+    ) -> None:
         if queue is not None and stored_queue != queue:
             # A run is served by one queue's workers (and one endpoint set, one model): the
             # reconciler re-publishes its lost samples only there.
@@ -60,6 +78,7 @@ class RunBase:
                 f"run {self.run!r} is served by queue {stored_queue!r}, not {queue!r}; "
                 f"use EAGLEGEN_QUEUE={stored_queue} or a new --run"
             )
+        stored_params = validated(GenParams, stored)
         if stored_params != params:
             diff = _describe_diff(stored_params, params)
             raise RunMismatch(

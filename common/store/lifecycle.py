@@ -9,7 +9,13 @@ from typing import Literal
 
 from common import lua
 from common.checkpoint_store import drop_checkpoint_logs
-from common.keys import ATTEMPTS_SUFFIX, CHECKPOINT_SUFFIX, retired_runs_key, runs_key
+from common.keys import (
+    ATTEMPTS_SUFFIX,
+    CHECKPOINT_SUFFIX,
+    RESTARTED,
+    retired_runs_key,
+    runs_key,
+)
 from common.models import Sample
 from common.store.status import StatusStore
 
@@ -37,10 +43,23 @@ class LifecycleStore(StatusStore):
         raw = self.r.hmget(self.keys.prompts, ids)
         return [Sample.model_validate_json(v) if v else None for v in raw]
 
-    def replace_failed_samples(self, samples: list[Sample]) -> None:
-        """Store new versions of failed samples' prompts (their own parameters, say)."""
-        if samples:
-            self.r.hset(self.keys.prompts, mapping={s.id: s.model_dump_json() for s in samples})
+    def replace_failed_samples(self, samples: list[Sample]) -> int:
+        """Store new versions of failed samples' prompts (their own parameters) and drop what
+        earlier attempts generated under the old ones: their answered turns and any
+        checkpoint, so that each starts again from its first turn (a record holds one set of
+        parameters, true for every turn). Returns the answered turns dropped."""
+        if not samples:
+            return 0
+        k = self.keys
+        fields = [k.partial_field(s.id) for s in samples]
+        dropped = sum(len(json.loads(v)) for v in self.r.hmget(k.prompts, fields) if v)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(k.prompts, mapping={s.id: s.model_dump_json() for s in samples})
+        pipe.hdel(k.prompts, *fields, *(k.checkpoint_field(s.id) for s in samples))
+        pipe.delete(*(k.checkpoint_log(s.id) for s in samples))
+        pipe.hincrby(k.counters, RESTARTED, len(samples))
+        pipe.execute()
+        return dropped
 
     def retire(self, force: bool = False) -> RetireOutcome:
         """Remove the run's keys and keep a small summary, if every sample is written, no

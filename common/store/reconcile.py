@@ -9,11 +9,16 @@ from common.store.base import RunBase
 class ReconcileStore(RunBase):
     """The reconciler's view of a run."""
 
-    def reap_expired_leases(self) -> list[str]:
-        """Drop leases whose holder stopped renewing them; returns those sample ids."""
+    def reap_expired(self) -> dict[str, str]:
+        """Drop leases whose holder stopped renewing them; returns those sample ids, each
+        with its holder's token (its request, and no later holder's, is the one to abort)."""
         k = self.keys
-        reaped = self._script(lua.REAP_EXPIRED)(keys=[k.leases, k.lease_owner, k.reaped])
-        return [str(x) for x in reaped]
+        flat = self._script(lua.REAP_EXPIRED)(keys=[k.leases, k.lease_owner, k.reaped])
+        return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    def reap_expired_leases(self) -> list[str]:
+        """``reap_expired``'s sample ids."""
+        return list(self.reap_expired())
 
     def expired_lease_count(self) -> int:
         """Samples whose holder stopped renewing (dead or paused), not yet reaped."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from common import checkpoint_log, lua
 from common.checkpoint_store import CheckpointStore
@@ -18,9 +18,17 @@ from common.models import Checkpoint, Failure, Sample, TurnResult
 from common.request_store import RequestStore
 from common.store.model_pin import ModelPin
 
-LeaseOutcome = Literal["ok", "done", "leased", "retired"]
+LeaseOutcome = Literal["ok", "done", "leased", "retired", "exhausted"]
 StoreOutcome = Literal["stored", "duplicate", "lease_lost"]
 _STORE_OUTCOMES: dict[int, StoreOutcome] = {1: "stored", 0: "duplicate", -1: "lease_lost"}
+
+
+def exhausted_message(ceiling: int) -> str:
+    """Why the take failed a sample: its reason in ``status`` and ``failed``."""
+    return (
+        f"its lease was taken {ceiling} times without an outcome (EAGLEGEN_MAX_ATTEMPTS, "
+        "default 3 x (EAGLEGEN_MAX_RETRIES + 1)): its attempts end in a way that stores nothing"
+    )
 
 
 @dataclass(frozen=True)
@@ -28,7 +36,7 @@ class Taken:
     """A lease taken (or refused) and what generating the sample needs."""
 
     outcome: LeaseOutcome
-    attempts: int = 0
+    attempts: int = 0  # of an 'exhausted' take: those before it
     sample: Sample | None = None  # None: no stored prompt (a broken run)
     partial: list[TurnResult] = field(default_factory=list)
     # The turn an earlier attempt was generating when it stopped, as far as it got.
@@ -46,29 +54,42 @@ class Taken:
 class WorkerStore(ModelPin, CheckpointStore, RequestStore):
     """A sample's lease and the fenced writes of its holder."""
 
-    def take(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> Taken:
+    def take(
+        self, sample_id: str, owner: str, ttl_s: float, retries: int = 0, ceiling: int = 0
+    ) -> Taken:
         """Take the lease on a sample and read what generating it needs, in one round trip.
 
         ``retries`` is the message's own retry count: attempts beyond it are redeliveries.
+        ``ceiling``: takes allowed in all (0: no limit); past it the sample is failed here
+        ('exhausted').
         """
-        k = self.keys
-        reply = self._script(lua.LEASE_TAKE)(
-            keys=[k.pending, k.leases, k.lease_owner, k.prompts, k.counters, k.reaped, k.retired],
-            args=[sample_id, owner, int(ttl_s * 1000), retries, k.attempts_field(sample_id),
-                  k.partial_field(sample_id), k.checkpoint_field(sample_id)],
-        )  # fmt: skip
+        reply = self.lease_reply(sample_id, owner, ttl_s, retries, ceiling)
         if reply[0] != "ok":
-            return Taken(reply[0])
+            return Taken(reply[0], int(reply[1]) if len(reply) > 1 else 0)
         _, attempts, prompt, partial, ckpt = reply
         # The log is read only when there is a checkpoint to continue: rarely, after a break
         # (the lease is ours now: no one else may write it in between).
-        log = str(self.r.get(k.checkpoint_log(sample_id)) or "") if ckpt else None
+        log = str(self.r.get(self.keys.checkpoint_log(sample_id)) or "") if ckpt else None
         return Taken(
             "ok", int(attempts),
             Sample.model_validate_json(prompt) if prompt else None,
             [TurnResult.model_validate(t) for t in json.loads(partial)] if partial else [],
             checkpoint_log.decode(ckpt or "", log),
         )  # fmt: skip
+
+    def lease_reply(
+        self, sample_id: str, owner: str, ttl_s: float, retries: int, ceiling: int
+    ) -> list[Any]:
+        """LEASE_TAKE's own reply (capture reads its rows from it)."""
+        k = self.keys
+        reply: list[Any] = self._script(lua.LEASE_TAKE)(
+            keys=[k.pending, k.leases, k.lease_owner, k.prompts, k.counters, k.reaped, k.retired,
+                  k.failed, k.checkpoint_log(sample_id)],
+            args=[sample_id, owner, int(ttl_s * 1000), retries, k.attempts_field(sample_id),
+                  k.partial_field(sample_id), k.checkpoint_field(sample_id), ceiling,
+                  exhausted_message(ceiling)],
+        )  # fmt: skip
+        return reply
 
     def acquire(self, sample_id: str, owner: str, ttl_s: float, retries: int = 0) -> LeaseOutcome:
         """Take the lease on a sample: 'ok', or why not ('done', 'leased', 'retired')."""

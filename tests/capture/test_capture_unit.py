@@ -34,7 +34,8 @@ def test_both_defaults_pick_the_same_tensors_and_bad_layers_are_refused():
 
 def test_a_batch_stops_at_the_token_budget_counting_padding():
     rows = [_Waiting([1] * n, (1, 2, 3)) for n in (10, 30, 5, 5)]
-    assert [len(w.ids) for w in take_batch(rows, 64)] == [10, 30]  # 2 x 30 = 60 <= 64
+    # Nearest in length first: 5, 5 (3 x 10 = 30), then 30 would pad 4 x 30 = 120 > 64.
+    assert [len(w.ids) for w in take_batch(rows, 64, max_padding=10)] == [5, 5, 10]
     assert [len(w.ids) for w in take_batch(rows, 8)] == [10]  # too long alone: runs alone
     other = [
         _Waiting([1] * 3, (1, 2, 3)),
@@ -44,25 +45,48 @@ def test_a_batch_stops_at_the_token_budget_counting_padding():
     assert len(take_batch(other, 100)) == 2  # another run's layers wait for their own batch
 
 
+def test_batches_of_mixed_lengths_pad_at_most_five_percent():
+    import random
+
+    rng = random.Random(0)
+    # A chat dataset's lengths: log-normal, mean ~1,460 tokens, 16 to 8,192.
+    lengths = [min(max(int(rng.lognormvariate(7.0, 0.7)), 16), 8192) for _ in range(2000)]
+    waiting = [_Waiting([1] * n, (1, 2, 3)) for n in lengths[:16]]
+    lengths, real, padded = lengths[16:], 0, 0
+    while len(lengths) > 16:
+        batch = take_batch(waiting, 16384)
+        real += sum(len(w.ids) for w in batch)
+        padded += max(len(w.ids) for w in batch) * len(batch)
+        # The batch's rows are done; as many new ones arrive (16 task threads).
+        waiting = [w for w in waiting if all(w is not b for b in batch)]
+        waiting += [_Waiting([1] * n, (1, 2, 3)) for n in lengths[: len(batch)]]
+        lengths = lengths[len(batch) :]
+    assert 0 < padded <= real * 1.05
+
+
 def test_rows_from_many_threads_share_forward_passes():
     calls: list[int] = []
 
+    class Done(int):
+        def wait(self) -> None:
+            pass
+
     def forward(batch, aux):
         calls.append(len(batch))
-        return [len(ids) for ids in batch]
+        return [Done(len(ids)) for ids in batch]
 
     batcher = Batcher(forward, budget=1000, linger_s=0.05)  # type: ignore[arg-type]
     got: list[object] = []
     threads = [
         threading.Thread(target=lambda n=n: got.append(batcher.run([1] * n, (1, 2, 3))))
-        for n in range(1, 9)
+        for n in range(100, 108)
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     batcher.close()
-    assert sorted(got) == list(range(1, 9)) and len(calls) < 8  # type: ignore[type-var]
+    assert sorted(got) == list(range(100, 108)) and len(calls) < 8  # type: ignore[type-var]
 
 
 def test_a_file_is_replaced_only_when_ours_and_no_temporary_is_left(tmp_path: Path):

@@ -125,6 +125,7 @@ FAILING = [
     ("shape-deep", "bad_response", 30),
     ("shape-usage", "bad_response", 30),
     ("shape-delta", "bad_response", 30),
+    ("tool-id-int", "bad_response", 30),  # pydantic refused it later, outside the client
     ("unterminated", "bad_response", 40),  # 16 MB event cap
     ("gzip-bomb", "bad_response", 40),
     ("huge-500", "5xx", 30),  # 8 KB of the 400 MB read, then the connection closed

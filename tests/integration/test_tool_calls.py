@@ -11,7 +11,8 @@ from producer.formats import to_prompt
 from producer.tools import ToolConversation
 from simulator.hf_tokenizer import save
 from simulator.tool_calls import named_functions
-from tests.harness import ROOT
+from tests.harness import ROOT, wait_for
+from tests.hostile import HostileServer
 from tests.stack import Stack
 from tests.training.helpers import masked_runs
 
@@ -174,3 +175,54 @@ def test_original_history_answers_every_source_turn(stack: Stack):
 
 def _source_assistant_turns() -> int:
     return sum(m["role"] == "assistant" for c in _conversations() for m in c.messages)
+
+
+def _weather_and_time_row() -> dict:
+    """A row whose source calls two functions in parallel, then answers in text."""
+
+    def spec(name: str) -> dict:
+        return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+
+    def call(cid: str, name: str) -> dict:
+        return {"id": cid, "type": "function",
+                "function": {"name": name, "arguments": '{"city": "Oslo"}'}}  # fmt: skip
+
+    return {"tools": [spec("get_weather"), spec("get_time")], "messages": [
+        {"role": "user", "content": "weather and time in Oslo?"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [call("s1", "get_weather"), call("s2", "get_time")]},
+        {"role": "tool", "tool_call_id": "s1", "content": "rain"},
+        {"role": "tool", "tool_call_id": "s2", "content": "12:00"},
+        {"role": "assistant", "content": "Rain, noon."},
+    ]}  # fmt: skip
+
+
+def test_parallel_calls_streamed_under_one_index_stay_two_calls_in_order(stack: Stack):
+    # Ollama's OpenAI API: both calls at index 0 with their own ids, the second's arguments a
+    # JSON object. Two calls, in order, the object sent back as a JSON string.
+    source = stack.tmp / "calls.jsonl"
+    source.write_text(json.dumps(_weather_and_time_row()) + "\n")
+    with HostileServer() as server:
+        stack.env |= {"EAGLEGEN_ENDPOINTS": server.endpoint("tools-one-index"),
+                      "EAGLEGEN_MODEL": "m"}  # fmt: skip
+        stack.worker(concurrency=1)
+        stack.collector()
+        stack.enqueue(source)
+        stack.wait_complete()
+        wait_for(stack.lines, 30, "the record")
+        [record] = stack.lines()
+        sent = server.bodies("tools-one-index")
+    assert "stop_reason" not in record["generation"], record["generation"]
+    answer = next(m for m in record["conversations"] if m["role"] == "assistant")
+    assert answer["tool_calls"] == [
+        {"id": "call_a", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+        {"id": "call_b", "type": "function",
+         "function": {"name": "get_time", "arguments": '{"city": "Oslo"}'}},
+    ]  # fmt: skip
+    results = [(m["tool_call_id"], m["content"]) for m in record["conversations"]
+               if m["role"] == "tool"]  # fmt: skip
+    assert results == [("call_a", "rain"), ("call_b", "12:00")]
+    assert record["generation"]["turns"][0]["tool_arguments_serialised"] == 1
+    # The next turn sent the calls back as streamed, arguments as JSON strings.
+    assert sent[-1]["messages"][1]["tool_calls"] == answer["tool_calls"]

@@ -68,6 +68,30 @@ def test_bad_rows_are_counted_with_their_line_numbers_and_skipped(tmp_path):
     assert "2 bad rows skipped" in printed
 
 
+def test_an_assistant_message_that_lost_its_answer_is_a_bad_row_named_by_its_line(tmp_path):
+    lost = conversation("lost", turns=2)
+    lost["conversations"][2]["content"] = None  # no tool calls either
+    calls = conversation("calls")
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    calls["conversations"][2] |= {"content": None, "tool_calls": [call]}
+    stats, out, printed = run(tmp_path, [conversation("ok"), lost, calls])
+    assert stats.bad_rows == 1
+    assert stats.bad_examples == [
+        {"line": 2, "reason": "message 2 is an assistant message without content"}
+    ]
+    assert {r["id"].split("-")[0] for r in out} == {"ok", "calls"}
+    assert "1 bad rows skipped (line 2: message 2 is an assistant" in printed
+
+
+@pytest.mark.parametrize("finish", [["abort"], ["stop", "abort"], ["abort", "stop"], ["error"]])
+def test_a_record_with_a_turn_that_did_not_finish_gives_no_training_row(tmp_path, finish):
+    broken = conversation("broken", turns=len(finish), finish=finish)
+    stats, out, _ = run(tmp_path, [conversation("ok"), broken], on_length="drop")
+    assert [r["id"] for r in out] == ["ok"]
+    assert stats.bad_rows == 1 and stats.bad_examples[0]["line"] == 2
+    assert "did not finish (finish_reason" in stats.bad_examples[0]["reason"]
+
+
 def test_a_repeated_id_is_written_once(tmp_path):
     stats, out, _ = run(tmp_path, [conversation("a"), conversation("a")])
     assert stats.duplicates == 1 and len(out) == 1

@@ -73,10 +73,11 @@ def test_requests_with_tools_are_accepted_and_rows_from_ids_match_the_template(
             assert turn["finish_reason"] in ("stop", "length", "tool_calls")
         calls += sum(len(m.get("tool_calls", [])) for m in record["conversations"])
     stats = _tokenize(stack, template)
-    stopped = sum(r["generation"].get("stop_turn") is not None for r in records)
+    ends = [r["generation"].get("stop_reason") for r in records]
     report(
         f"tool-calling sample on vLLM (hermes): {len(records)} records, {calls} calls parsed, "
-        f"{stopped} stopped at a mismatch, {stats['rows_out']} rows from ids, "
+        f"{ends.count('tool_call_mismatch')} stopped at a mismatch, {ends.count('length')} cut, "
+        f"{stats['rows_out']} rows from ids, "
         f"{stats['prompt_mismatches']} prompt mismatches, drift {stats['drift_rows']}"
     )
     assert stats["bad_rows"] == 0

@@ -205,6 +205,7 @@ class TurnStream:
         streamed_reasoning, streamed = self._texts()
         reasoning, content = finish_text(streamed, streamed_reasoning)
         calls = self.tool_calls.calls() if self.tool_calls else None
+        serialised = self.tool_calls.serialised if self.tool_calls else 0
         if not (content.strip() or reasoning or calls) and self.finish_reason != "length":
             raise errors.EmptyResponse(f"{self.endpoint}: the model returned an empty answer")
         prompt_ids, ids = self._ids(len(self.token_ids))
@@ -214,6 +215,7 @@ class TurnStream:
             model=model, prompt_token_ids=prompt_ids, token_ids=ids,
             resumed_from_tokens=self.resumed, tool_calls=calls,
             token_ids_dropped=self.ids_dropped, discarded_tokens=self.discarded or None,
+            tool_arguments_serialised=serialised or None,
         )  # fmt: skip
 
     def finished(self) -> TurnResult:

@@ -277,7 +277,7 @@ class FreeSignal:
                 stop.wait(1.0)
 
     def _relay(self, client: redis.Redis, channel: str, stop: threading.Event) -> None:
-        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
         try:
             pubsub.subscribe(channel)
             while not stop.is_set():

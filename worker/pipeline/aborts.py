@@ -40,6 +40,9 @@ HINT = "abort off: start vLLM with --enable-scale-out"
 # Errors after which this side stops reading a stream the server may still be generating: a
 # stall, the turn's time limit, a lost lease, a drain or shutdown, an answer not continued or
 # not understood. (A dropped connection or a server error ends it on the server too.)
+# What an abort or a probe may meet: the server, Redis, or a foreign value under the endpoint's
+# entry in Redis (LearnedPerEndpoint raises on those). Best-effort: logged, never raised.
+FAILED = (transport.TransportError, ValueError, KeyError, TypeError, redis.RedisError)
 LET_GO = (errors.StallError, errors.TimeoutError_, errors.LeaseLost, errors.HandedBack,
           errors.BadResponse)  # fmt: skip
 
@@ -80,8 +83,11 @@ class AbortSupport(LearnedPerEndpoint):
         raw = client.hgetall(EndpointKeys(prefix).abort_support)
         out = {}
         for endpoint, value in raw.items():
-            entry = json.loads(str(value))
-            out[str(endpoint)] = "on" if entry["on"] else f"{HINT} ({entry['why']})"
+            try:
+                entry = json.loads(str(value))
+                out[str(endpoint)] = "on" if entry["on"] else f"{HINT} ({entry['why']})"
+            except (ValueError, KeyError, TypeError):
+                out[str(endpoint)] = f"unreadable entry: {str(value)[:40]!r}"
         return out
 
 
@@ -118,12 +124,30 @@ class Aborter:
             self._counted(ref.endpoint, saved)
         return True
 
-    def reaped(self, store: WorkerStore, ids: list[str], why: str = "lease reaped") -> int:
-        """Abort the requests of samples whose lease was reaped or taken over (their holder
-        no longer reads them); how many were aborted."""
+    def reaped(self, store: WorkerStore, ids: list[str], why: str = "lease taken over") -> int:
+        """Abort the requests of samples whose lease the caller has just taken over (their
+        holder no longer reads them; the caller has sent none yet); how many were aborted."""
+        return self._orphans(store, lambda: store.pop_requests(ids), why)
+
+    def reaped_from(
+        self, store: WorkerStore, holders: dict[str, str], why: str = "lease reaped"
+    ) -> int:
+        """Abort the requests that reaped holders (sample id -> token) sent: fenced by the
+        token, since between the reap and now another worker may have taken the lease and
+        recorded its own live request; how many were aborted."""
+
+        def pop() -> dict[str, RequestRef]:
+            popped = {i: store.pop_own_request(i, token) for i, token in holders.items()}
+            return {i: ref for i, ref in popped.items() if ref is not None}
+
+        return self._orphans(store, pop, why)
+
+    def _orphans(
+        self, store: WorkerStore, pop: Callable[[], dict[str, RequestRef]], why: str
+    ) -> int:
         done = 0
         try:
-            for sample_id, ref in store.pop_requests(ids).items():
+            for sample_id, ref in pop().items():
                 done += self.orphan(store, ref, store.checkpoint(sample_id), why)
         except redis.RedisError as exc:
             log.info("requests of reaped leases not aborted: %s", exc)
@@ -131,22 +155,20 @@ class Aborter:
 
     def abort(self, ref: RequestRef, why: str) -> bool:
         """Ask ``ref``'s server to stop it; whether it said yes (never raises)."""
-        if self.support.get(ref.endpoint) is False:
-            return False
         try:
+            if self.support.get(ref.endpoint) is False:
+                return False
             return self._post(ref, why)
-        except (transport.TransportError, ValueError, redis.RedisError) as exc:
+        except FAILED as exc:
             log.info("abort of %s on %s failed: %s", ref.server_id, ref.endpoint, exc)
             return False
 
     def probe(self, endpoint: str) -> bool | None:
         """Learn whether ``endpoint`` aborts (an abort of no request), unless known already."""
-        known = self.support.get(endpoint)
-        if known is not None:
-            return known
         try:
-            return self._send(endpoint, [])
-        except (transport.TransportError, ValueError, redis.RedisError) as exc:
+            known = self.support.get(endpoint)
+            return known if known is not None else self._send(endpoint, [])
+        except FAILED as exc:
             log.info("abort support of %s not learned yet: %s", endpoint, exc)
             return None
 

@@ -1,10 +1,13 @@
-"""The run's circuit breaker: once its first samples all failed the same permanent way (a
-400 for a too-long max_tokens, a model name the server does not know), the others are not
-sent to fail too; each is failed at once with the reason, and ``retry-failed`` (with new
-parameters) closes the breaker again.
+"""The run's circuit breaker: once most of the samples attempted failed the same way, a way that
+is neither the sample's own nor one endpoint's (the run's parameters refused, every endpoint
+refusing its requests), the others are not sent to fail too; each is failed at once with the
+reason, and ``retry-failed`` (with new parameters) closes the breaker again.
 
-The state is one field of the run's meta hash; a closed breaker is read again at most every
-``REREAD_S`` per process, an open one before every sample it fails.
+A sample's own error (a 400: its prompt over the context) fails that sample alone; an
+endpoint's refusal takes that endpoint out of the run's rotation (``rotation.py``) and the
+sample goes to another; neither opens the breaker. The state is one field of the run's meta
+hash; a closed breaker is read again at most every ``REREAD_S`` per process, an open one
+before every sample it fails.
 """
 
 from __future__ import annotations
@@ -18,22 +21,26 @@ from common import errors
 from common.models import Failure
 from common.store import RunStore
 
-TRIP_AFTER = 5  # permanent failures of one kind (and more than in flight), none answered
-SAMPLE = 50  # failures read (at random) to see that they are all of one kind
+MIN_ATTEMPTED = 10  # samples attempted (answered or failed) before the rate means anything
+TRIP_RATE = 0.9  # of them failed the run's way
+SAMPLE = 50  # failures read (at random) to tell their kinds apart
 REREAD_S = 2.0
 FIELD = "breaker"
 
 
-def _permanent_kinds() -> frozenset[str]:
-    found, todo = set(), [errors.PermanentError]
+def _kinds(root: type[errors.GenerationError]) -> frozenset[str]:
+    found, todo = set(), [root]
     while todo:
         cls = todo.pop()
         found.add(cls.kind)
         todo += cls.__subclasses__()
-    return frozenset(found - {errors.CircuitOpen.kind, errors.GenerationError.kind})
+    return frozenset(found)
 
 
-PERMANENT = _permanent_kinds()
+# Permanent failures that do not depend on the sample or on one endpoint.
+RUNS_OWN = _kinds(errors.PermanentError) - _kinds(errors.BadRequest) - {
+    errors.CircuitOpen.kind, errors.GenerationError.kind,
+}  # fmt: skip
 
 
 def trip_reason(store: RunStore) -> str | None:
@@ -42,16 +49,19 @@ def trip_reason(store: RunStore) -> str | None:
     if not raw:
         return None
     data = json.loads(raw)
+    attempted = data.get("attempted", data.get("after"))  # "after": opened by an older version
     return (
-        f"not attempted: the run's first {data['after']} samples all failed with "
-        f"{data['kind']} ({data['message']}); fix the cause, then `eaglegen retry-failed` "
-        "(it takes new generation parameters, e.g. --max-tokens)"
+        f"not attempted: {data.get('failed', attempted)} of the run's {attempted} samples "
+        f"attempted failed with {data['kind']} ({data['message']}); fix the cause, then "
+        "`eaglegen retry-failed` (it takes new generation parameters, e.g. --max-tokens)"
     )
 
 
 def reset(store: RunStore) -> None:
-    """Close the breaker (``retry-failed`` does, before it requeues)."""
+    """Close the breaker and bring every endpoint back into the run's rotation
+    (``retry-failed`` does, before it requeues)."""
     store.drop_meta(FIELD)
+    store.bring_endpoints_back()
 
 
 class Breaker:
@@ -77,22 +87,27 @@ class Breaker:
             raise errors.CircuitOpen(cached[1])
 
     def failed(self, store: RunStore, failure: Failure) -> None:
-        """A sample was failed: open the breaker if no sample of the run was answered and its
-        failures, all permanent and of one kind, are ``TRIP_AFTER`` or more and more than the
-        samples in flight."""
-        if failure.kind not in PERMANENT:
+        """A sample was failed: open the breaker if it failed the run's way and so did at
+        least ``TRIP_RATE`` of the samples attempted (``MIN_ATTEMPTED`` or more), and more
+        samples than are in flight (perhaps long generations that will succeed)."""
+        if failure.kind not in RUNS_OWN:
             return
         with self._lock:  # the next sample reads the breaker afresh: it may open now
             self._seen.pop(store.run, None)
-        counts = store.counts()
-        # More failures than samples in flight: those in flight (perhaps long generations
-        # that will succeed) cannot all be the next failures. A run whose first rows are bad
-        # and whose answers take minutes is not judged by its fast-failing first rows.
-        needed = max(TRIP_AFTER, counts.in_flight + 1)
-        if counts.done > 0 or counts.failed < needed:
+        failed, attempted, in_flight = _tally(store, failure)
+        if attempted < MIN_ATTEMPTED or failed <= in_flight or failed < TRIP_RATE * attempted:
             return
-        if {f.kind for f in store.some_failures(SAMPLE)} != {failure.kind}:
-            return
-        state = {"kind": failure.kind, "message": failure.message[:300], "after": counts.failed,
-                 "at": time.time()}  # fmt: skip
+        state = {"kind": failure.kind, "message": failure.message[:300], "failed": failed,
+                 "attempted": attempted, "at": time.time()}  # fmt: skip
         store.set_meta_once(FIELD, json.dumps(state))
+
+
+def _tally(store: RunStore, failure: Failure) -> tuple[int, int, int]:
+    """Samples failed the run's way, samples attempted (answered, or failed other than by the
+    open breaker), samples in flight; the kinds' shares from a random pick of the failures."""
+    counts = store.counts()
+    seen = store.some_failures(SAMPLE) or [failure]
+    share = sum(f.kind in RUNS_OWN for f in seen) / len(seen)
+    untried = sum(f.kind == errors.CircuitOpen.kind for f in seen) / len(seen)
+    failed = round(counts.failed * share)
+    return failed, counts.done + round(counts.failed * (1 - untried)), counts.in_flight

@@ -22,6 +22,7 @@ import redis
 from common import lua
 from common.clock import measure_skew
 from common.keys import clocks_key
+from common.loop_errors import LoopErrors
 from common.settings import Settings
 from worker.pipeline.ticker import Ticker
 
@@ -41,7 +42,7 @@ class ClockWatch:
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self._prune = client.register_script(lua.PRUNE_CLOCKS)
         self._warned_at = -WARN_EVERY_S
-        self._ticker = Ticker("clock-watch", EVERY_S, self.check)
+        self._ticker = Ticker("clock-watch", EVERY_S, self.check, LoopErrors.of(client, settings))
 
     def start(self) -> None:
         """Check now, then every few minutes."""

@@ -55,6 +55,16 @@ def _assistant_message(answer: TurnResult) -> dict[str, Any]:
     return message
 
 
+def with_cut(turn: TurnResult, max_tokens: int) -> TurnResult:
+    """``turn`` with what cut it, if it was cut: a ``length`` finish short of ``max_tokens``
+    was cut by the context window (a larger max_tokens could not have helped it)."""
+    if turn.finish_reason != "length":
+        return turn
+    done = turn.usage.completion_tokens
+    by = "context" if 0 < done < max_tokens else "max_tokens"
+    return turn.model_copy(update={"cut_by": by})
+
+
 def answer_turns(
     sample: Sample,
     params: GenParams,

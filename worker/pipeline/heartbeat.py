@@ -14,6 +14,7 @@ import redis
 from common.clock import redis_time
 from common.keys import workers_key
 from common.liveness import BEAT_S, Beat, prune
+from common.loop_errors import LoopErrors
 from common.settings import Settings
 from worker.pipeline.ticker import Ticker
 
@@ -31,7 +32,7 @@ class Heartbeat:
         self.key = workers_key(settings.key_prefix)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self._in_flight = in_flight
-        self._ticker = Ticker("heartbeat", BEAT_S, self.beat)
+        self._ticker = Ticker("heartbeat", BEAT_S, self.beat, LoopErrors.of(client, settings))
 
     def start(self) -> None:
         """Beat now, then every ``BEAT_S``."""

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import redis
 
+from common.loop_errors import LoopErrors
 from common.store import WorkerStore
 from worker.pipeline.ticker import Ticker
 
@@ -24,7 +25,9 @@ log = logging.getLogger("eaglegen.worker")
 class LeaseKeeper:
     """(run, id) -> (lease token, cancel event) for every generation running in this process."""
 
-    def __init__(self, store: Callable[[str], WorkerStore], ttl_s: float) -> None:
+    def __init__(
+        self, store: Callable[[str], WorkerStore], ttl_s: float, errors: LoopErrors | None = None
+    ) -> None:
         self.store = store
         self.ttl_s = ttl_s
         # One generation per sample per process (``claim``), so (run, id) names it; its
@@ -32,7 +35,7 @@ class LeaseKeeper:
         self._claimed: set[tuple[str, str]] = set()
         self._held: dict[tuple[str, str], tuple[str, threading.Event]] = {}
         self._lock = threading.Lock()
-        self._ticker = Ticker("lease-renewer", ttl_s / 3, self._renew)
+        self._ticker = Ticker("lease-renewer", ttl_s / 3, self._renew, errors)
 
     def start(self) -> None:
         """Start the renewal thread (once)."""

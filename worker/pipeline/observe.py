@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from common import errors
 from common.keys import RunKeys
 from common.logs import secrets_of
+from common.loop_errors import LoopErrors
 from common.metrics import RunCollector, WorkerMetrics, serve
 from common.models import TurnResult
 from common.settings import Settings
@@ -41,8 +42,10 @@ class Observer:
         self._secrets = secrets_of(settings)
         self._recorders: dict[str, StatsRecorder] = {}
         self._lock = threading.Lock()
-        self._ticker = Ticker("summary", min(self.summary.every_s, 15.0), self._log_summary)
-        self._flusher = Ticker("stats-flush", STATS_FLUSH_S, self.flush)
+        loops = LoopErrors.of(client, settings)
+        every = min(self.summary.every_s, 15.0)
+        self._ticker = Ticker("summary", every, self._log_summary, loops)
+        self._flusher = Ticker("stats-flush", STATS_FLUSH_S, self.flush, loops)
 
     def start(self) -> None:
         """Serve Prometheus metrics (if a port is set) and log the summary every minute."""

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import redis
 
 from common import errors, tool_counts
-from common.keys import CUT_TURNS, DROPPED_TURNS
+from common.keys import CONTEXT_CUT_TURNS, CUT_TURNS, DROPPED_TURNS
 from common.logs import secrets_of
 from common.models import Checkpoint, Failure, GenParams, Sample, TurnResult
 from common.redact import redact
@@ -31,9 +31,10 @@ from worker.chat.client import ChatClient, Check, Messages
 from worker.endpoints.routing import RouteHint, hint_for
 from worker.pipeline.aborts import Aborter, TurnRequests
 from worker.pipeline.breaker import Breaker
-from worker.pipeline.generate import answer_turns, build_record
+from worker.pipeline.generate import answer_turns, build_record, with_cut
 from worker.pipeline.leases import LeaseKeeper
 from worker.pipeline.observe import Observer
+from worker.pipeline.rotation import Rotation
 from worker.pipeline.tool_turns import answer_tool_turns, build_tool_record, request_fields
 
 log = logging.getLogger("eaglegen.worker")
@@ -73,6 +74,34 @@ def _keep_break_point(exc: errors.GenerationError, progress: TurnCheckpoints | N
         exc.tokens_streamed = max(exc.tokens_streamed - kept, 0)
 
 
+def unexpected(exc: Exception, secrets: list[str]) -> Exception:
+    """``exc``, or, outside EagleGen's tree and Redis's, an :class:`errors.Unexpected` naming it
+    (redacted: its text may be a server's): an attempt like any other, bounded by max_retries."""
+    if isinstance(exc, errors.EagleGenError | redis.RedisError):
+        return exc
+    text = " ".join(redact(f"{type(exc).__name__}: {exc}", secrets).split())[:500]
+    return errors.Unexpected(text)
+
+
+def end_attempt(
+    exc: Exception, retries: int, settings: Settings, secrets: list[str],
+    fail: Callable[[errors.GenerationError], None], release: Callable[[], object],
+) -> Exception:  # fmt: skip
+    """End an attempt that raised ``exc`` under its lease; returns ``exc`` as the tree knows it.
+
+    Any exception is an attempt: one outside the tree is translated here, once, so that the
+    last allowed attempt is stored as failed (``fail``, by the lease's holder) like any other;
+    untranslated, the sample stayed pending, was re-published with its retries at 0, and
+    looped. Else the lease is given back (``release``) for the retry.
+    """
+    known = unexpected(exc, secrets)
+    if isinstance(known, errors.GenerationError) and is_final(known, retries, settings):
+        fail(known)
+    else:
+        release()
+    return known
+
+
 def is_final(exc: BaseException, retries: int, settings: Settings) -> bool:
     """Whether ``exc`` ends the sample as failed on its ``retries``-th retry: a permanent
     error, or a transient one with no retry left (a lost lease or a hand-back never)."""
@@ -99,9 +128,10 @@ class SampleProcessor:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._params: dict[str, GenParams] = {}
         self._serving: set[tuple[str, str]] = set()  # (run, endpoint) found on the run's model
-        self._refused: dict[str, frozenset[str]] = {}  # run -> endpoints on another model
+        self.rotation = Rotation()  # endpoints out of each run's rotation
         self.breaker = Breaker()
         self._drain_deadline: float | None = None
+        self._secrets = secrets_of(settings)
 
     def begin_drain(self) -> None:
         """SIGTERM: let in-flight generations finish within the grace time, then hand back."""
@@ -136,10 +166,10 @@ class SampleProcessor:
 
     def _under_lease(self, store: RunStore, sample_id: str, retries: int) -> str:
         token = f"{self.owner}:{uuid.uuid4().hex[:8]}"
-        taken = store.take(sample_id, token, self.settings.lease_ttl, retries)
+        ceiling = self.settings.attempts_ceiling()
+        taken = store.take(sample_id, token, self.settings.lease_ttl, retries, ceiling)
         if taken.outcome != "ok":
-            log.debug("skip %s/%s: %s", store.run, sample_id, taken.outcome)
-            return f"skipped:{taken.outcome}"
+            return self._not_taken(store, sample_id, taken)
         cancelled = self.leases.hold(store.run, sample_id, token)
         if taken.attempts > 1 and self.aborter is not None:
             # Taken over: the previous holder's request may still be generating (paused, cut
@@ -149,18 +179,31 @@ class SampleProcessor:
             # Under the lease: an open breaker fails the sample at once, stored by its holder.
             self.breaker.check(store)
             return self._generate(store, sample_id, taken, token, cancelled)
-        except errors.GenerationError as exc:
-            # Still under the lease (it is renewed until ``process`` returns): a final failure
-            # is stored by its holder, fenced like every other write; else it is given back.
-            if is_final(exc, retries, self.settings):
-                self._fail(store, sample_id, token, exc, taken.attempts)
-            else:
-                store.release(sample_id, token)
-            raise
+        except Exception as exc:
+            known = end_attempt(
+                exc, retries, self.settings, self._secrets,
+                fail=lambda e: self._fail(store, sample_id, token, e, taken.attempts),
+                release=lambda: store.release(sample_id, token),
+            )  # fmt: skip
+            if known is exc:
+                raise
+            if isinstance(known, errors.GenerationError):  # the tree's own are counted earlier
+                self.observer.error(store.run, known)
+            raise known from exc
         except BaseException:
             # Storing the result ends the lease; any other way out gives it back here.
             store.release(sample_id, token)
             raise
+
+    def _not_taken(self, store: RunStore, sample_id: str, taken: Taken) -> str:
+        if taken.outcome != "exhausted":
+            log.debug("skip %s/%s: %s", store.run, sample_id, taken.outcome)
+            return f"skipped:{taken.outcome}"
+        log.warning("failed %s/%s: attempts_exhausted (its lease was taken %d times)",
+                    store.run, sample_id, taken.attempts)  # fmt: skip
+        if self.aborter is not None:  # its last holder's request, if that one still runs
+            self.aborter.reaped(store, [sample_id], "attempts exhausted")
+        return "failed:attempts_exhausted"
 
     def _fail(
         self, store: RunStore, sample_id: str, token: str, exc: errors.GenerationError,
@@ -169,7 +212,7 @@ class SampleProcessor:
         """Record the sample as failed, with the error's class and message, under our lease
         (refused if it is not ours: another worker may yet succeed)."""
         # The reason is kept in Redis and shown by `status`; a server may quote the key back.
-        message = redact(str(exc), secrets_of(self.settings))[:1000]
+        message = redact(str(exc), self._secrets)[:1000]
         failure = Failure(kind=exc.kind, message=message, attempts=attempts, at=time.time())
         if store.store_failure(sample_id, failure, token) == "lease_lost":
             log.info("not failing %s/%s: the lease is not ours any more", store.run, sample_id)
@@ -223,7 +266,8 @@ class SampleProcessor:
             requests = TurnRequests(store, sample_id, token, self.aborter, progress,
                                     params.max_tokens, base)  # fmt: skip
             turn = Turn(index, resume, progress, requests=requests, fields=fields)
-            result = self._call(store, messages, params, check, hint, turn)
+            result = with_cut(self._call(store, messages, params, check, hint, turn),
+                              params.max_tokens)  # fmt: skip
             hint, resume, index = hint.after(result.endpoint), None, index + 1
             answered.append(result)
             return result
@@ -244,23 +288,61 @@ class SampleProcessor:
         hint: RouteHint, turn: Turn,
     ) -> TurnResult:  # fmt: skip
         try:
-            result = None
-            while result is None:  # again on another endpoint if this one's model is wrong
-                avoid = self._refused.get(store.run, frozenset())
-                with self.endpoints.borrow(check, hint, avoid) as client:
-                    if self._serves(store, client):
-                        result = client.complete(
-                            messages, params, check, turn=turn.index, resume=turn.resume,
-                            progress=turn.requests, fields=turn.fields,
-                        )  # fmt: skip
+            result = self._request(store, messages, params, check, hint, turn)
         except errors.GenerationError as exc:
             _keep_break_point(exc, turn.progress)
             if turn.requests is not None:
                 turn.requests.gave_up(exc)
             self.observer.error(store.run, exc)
             raise
+        self.rotation.answered(store.run, result.endpoint)
         self.observer.turn(store.run, result)
         return result
+
+    def _request(
+        self, store: RunStore, messages: Messages, params: GenParams, check: Check,
+        hint: RouteHint, turn: Turn,
+    ) -> TurnResult:  # fmt: skip
+        """The turn, from an endpoint in the run's rotation: one serving another model is passed
+        over, one refusing the request is not asked again for this turn, which goes to another
+        and fails only when none is left."""
+        refused: set[str] = set()
+        while True:
+            avoid = self._avoid(store, refused)
+            where = ""
+            try:
+                with self.endpoints.borrow(check, hint, avoid) as client:
+                    where = client.endpoint
+                    if self._serves(store, client):
+                        return client.complete(
+                            messages, params, check, turn=turn.index, resume=turn.resume,
+                            progress=turn.requests, fields=turn.fields,
+                        )  # fmt: skip
+            except errors.EndpointRefused as exc:
+                refused.add(where)
+                self._refused_by(store, where, exc, avoid | refused)
+
+    def _refused_by(
+        self, store: RunStore, endpoint: str, exc: errors.EndpointRefused, tried: frozenset[str]
+    ) -> None:
+        """``endpoint`` refused the request whatever the sample: counted towards taking it out
+        of the run's rotation; raised when no other endpoint is left to try."""
+        self.rotation.refused(store, endpoint, redact(str(exc), secrets_of(self.settings)))
+        if not set(self.settings.endpoints) - tried:
+            raise exc
+        self.observer.error(store.run, exc)  # the sample's own failure, if any, comes later
+        log.info("%s refused a request of run %s (%s); trying another endpoint",
+                 endpoint, store.run, exc)  # fmt: skip
+
+    def _avoid(self, store: RunStore, refused: set[str]) -> frozenset[str]:
+        """The endpoints not to ask for this turn; NoEndpoint if that is every endpoint."""
+        for fresh in (False, True):  # read afresh: retry-failed may have just brought one back
+            avoid = self.rotation.out(store, fresh) | refused
+            if set(self.settings.endpoints) - avoid:
+                return avoid
+        why = {**store.refused_endpoints(), **store.endpoints_out()}
+        listed = "; ".join(f"{url}: {why.get(url, 'refused')}" for url in self.settings.endpoints)
+        raise errors.NoEndpoint(f"no endpoint left for run {store.run}: {listed}")
 
     def _serves(self, store: RunStore, client: ChatClient) -> bool:
         """Whether ``client``'s model is the run's (pinning it on the run's first request);
@@ -273,7 +355,7 @@ class SampleProcessor:
         if pinned == model:
             self._serving.add(where)
             return True
-        self._refused[store.run] = self._refused.get(store.run, frozenset()) | {client.endpoint}
+        self.rotation.other_model(store.run, client.endpoint)
         log.warning(
             "endpoint %s refused for run %s: it serves %r, the run's model is %r (one model "
             "per run; it may serve other runs)", client.endpoint, store.run, model, pinned,
@@ -317,11 +399,15 @@ class SampleProcessor:
 
 
 def _count_cut(store: RunStore, params: GenParams, sample: Sample, turns: list[TurnResult]) -> None:
-    """Turns cut at max_tokens, and the later user turns they left unanswered (a cut turn
-    ends its conversation): counted for ``status``, only for samples that have them."""
+    """Turns cut at max_tokens or by the context window, and the later user turns they left
+    unanswered (a cut turn ends its conversation): counted for ``status``, only for samples
+    that have them."""
     cut = sum(1 for t in turns if t.finish_reason == "length")
+    context = sum(1 for t in turns if t.cut_by == "context")
     dropped = max(len(params.turns_of(sample.user_turns)) - len(turns), 0) if cut else 0
     if cut:
         store.incr(CUT_TURNS, cut)
+    if context:
+        store.incr(CONTEXT_CUT_TURNS, context)
     if dropped:
         store.incr(DROPPED_TURNS, dropped)

@@ -31,6 +31,7 @@ from broker.scan import MessageRef, queued_count, queued_refs, unacked_refs
 from common.clock import redis_time
 from common.keys import reconciler_lock_key
 from common.locks import HeldLock
+from common.loop_errors import LoopErrors
 from common.settings import Settings
 from common.store import ReconcileStore, WorkerStore, known_runs
 from worker.pipeline.aborts import Aborter
@@ -136,11 +137,13 @@ class Reconciler:
         self, run: str, refs: list[MessageRef], scanned: bool, keep: Keep
     ) -> RunReport:  # fmt: skip
         store = ReconcileStore(self.r, self.settings.key_prefix, run)
-        report = RunReport(run, expired_leases=store.reap_expired_leases(), queue_scanned=scanned)
-        if report.expired_leases:
-            # Their requests are aborted, and counted, as a worker taking them over would.
+        holders = store.reap_expired()
+        report = RunReport(run, expired_leases=list(holders), queue_scanned=scanned)
+        if holders:
+            # Their requests are aborted, and counted, as a worker taking them over would;
+            # only the reaped holders' own: another worker may have taken a lease since.
             aborting = WorkerStore(self.r, self.settings.key_prefix, run)
-            report.aborted = self.aborter.reaped(aborting, report.expired_leases)
+            report.aborted = self.aborter.reaped_from(aborting, holders)
         pending = self._candidates(store, report, refs)
         if pending:
             lost = lost_samples(
@@ -181,7 +184,9 @@ class ReconcilerLoop:
         # ``lock``: another queue's own (capture's queue has its own lock).
         lock = lock or reconciler_lock_key(settings.key_prefix, settings.queue)
         self._lock = HeldLock(client, lock, self.interval * 0.9)
-        self._ticker = Ticker("reconciler", self.interval, self._tick)
+        self._ticker = Ticker(
+            "reconciler", self.interval, self._tick, LoopErrors.of(client, settings)
+        )
 
     def start(self) -> None:
         """Start passing every ``reconcile_interval`` seconds (once)."""

@@ -6,14 +6,20 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from common.loop_errors import LoopErrors, guarded
+
 
 class Ticker:
-    """Calls ``tick`` every ``every_s`` seconds, from ``start()`` until ``close()``."""
+    """Calls ``tick`` every ``every_s`` seconds, from ``start()`` until ``close()``; a tick
+    that raises is counted in ``errors`` (logged, shown by ``status``) and the next one runs."""
 
-    def __init__(self, name: str, every_s: float, tick: Callable[[], None]) -> None:
+    def __init__(
+        self, name: str, every_s: float, tick: Callable[[], None], errors: LoopErrors | None = None
+    ) -> None:
         self.name = name
         self.every_s = every_s
         self.tick = tick
+        self.errors = errors if errors is not None else LoopErrors()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -33,5 +39,6 @@ class Ticker:
         self._stop.set()
 
     def _run(self) -> None:
+        tick = guarded(self.name, self.tick, self.errors)
         while not self._stop.wait(self.every_s):
-            self.tick()
+            tick()

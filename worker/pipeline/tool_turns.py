@@ -6,8 +6,10 @@ the calls match", the model's own turns are the history: after a turn with tool 
 source's tool results follow, each carrying the id of the regenerated call it answers, as long
 as the regenerated calls name the functions the source called there, in order; otherwise the
 conversation ends at that turn (``stop_reason: "tool_call_mismatch"``). Arguments may differ:
-they are kept and counted. Under ``history="original"`` each turn is generated after the
-source's own messages before it, and every source assistant turn is answered.
+they are kept and counted. A turn cut at the token limit ends it too, as cut
+(``stop_reason: "length"``): its calls, if any, were cut with it, so they are not judged
+against the source's. Under ``history="original"`` each turn is generated after the source's
+own messages before it, and every source assistant turn is answered.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from worker.pipeline.generate import generation_of
 
 Messages = list[dict[str, Any]]
 MISMATCH = "tool_call_mismatch"
+CUT = "length"  # the turn's finish_reason: the conversation ends at a cut turn
 
 
 @dataclass
@@ -29,7 +32,8 @@ class Walk:
 
     conversation: Messages  # as recorded: the regenerated turns, results with their ids
     request: Messages | None = None  # the next turn's messages; None: the conversation ended
-    stop_turn: int | None = None  # the turn whose calls did not match the source's
+    stop_turn: int | None = None  # the turn the conversation stopped at, and why
+    stop_reason: str | None = None  # MISMATCH or CUT
     arguments_differ: int = 0
     turns: int = 0  # turns answered and kept
 
@@ -94,10 +98,11 @@ def _answer(state: _State, source: dict[str, Any]) -> bool:
                                  for w, m in pairs)  # fmt: skip
     if state.original:
         return True
-    if not matched:
-        walk.stop_turn = k
-        return False
-    return turn.finish_reason != "length"  # a cut answer cannot carry the conversation
+    # A cut answer cannot carry the conversation; it ends there whatever its calls were.
+    why = CUT if turn.finish_reason == "length" else None if matched else MISMATCH
+    if why is not None:
+        walk.stop_turn, walk.stop_reason = k, why
+    return why is None
 
 
 def _names(calls: list[dict[str, Any]]) -> list[str]:
@@ -140,8 +145,8 @@ def build_tool_record(
     """The JSONL record of a finished tool-calling sample."""
     found = walk(sample, params, turns)
     generation = generation_of(
-        params, turns, attempts, stop_reason=MISMATCH if found.stop_turn is not None else None,
-        stop_turn=found.stop_turn, tool_arguments_differ=found.arguments_differ,
+        params, turns, attempts, stop_reason=found.stop_reason, stop_turn=found.stop_turn,
+        tool_arguments_differ=found.arguments_differ,
     )  # fmt: skip
     conversation = [Message.model_validate(m) for m in found.conversation]
     return Record(
