@@ -141,6 +141,7 @@ bench: install-dev redis
 	$(PY) bench/bench_routing.py
 	$(PY) bench/bench_checkpoint.py
 	$(PY) bench/bench_capture.py
+	$(PY) bench/bench_verify.py --results bench/results/verify.json
 
 # 100k zero-latency samples through 2 workers x 32 (Redis db 12, about 8 min on 2 cores): RSS per
 # worker at each 10k, log bytes per 1,000 samples, Redis bytes before and after retiring the run.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -109,6 +111,57 @@ def worker(
             "--without-gossip",
         ]
     )  # fmt: skip
+
+
+@capture_app.command("verify")
+def verify(
+    run: Annotated[str, typer.Option("--run", help="Capture run name.")],
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Where its files are (default: the run's).")
+    ] = None,
+    sample: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of rows recomputed (0: none, 1: all).")
+    ] = 0.01,
+    model: Annotated[
+        Path | None, typer.Option(help="Target model folder (default: the tokenizer's).")
+    ] = None,
+    device: Annotated[str, typer.Option(help="Device of the recompute: cpu or cuda:N.")] = "cpu",
+    jobs: Annotated[
+        int | None, typer.Option(min=1, help="Rows checked at a time (default: CPUs, at most 8).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
+) -> None:
+    """Check every file of a capture run (checksum, ids, lengths, shapes, values, final norm)
+    and recompute a sample of rows with the model; exit 1 if any row is bad."""
+    from capture.store import CaptureStore
+    from capture.verify import open_verifier, render, verify_run
+
+    settings = load_settings(run=run)
+    spec = CaptureStore(open_store(settings).r, settings.key_prefix, settings.run).spec()
+    if spec is None:
+        fail(f"run {settings.run!r} is not a capture run")
+    try:
+        verifier = open_verifier(spec, settings.run, out_dir, model, device, sample)
+    except ConfigError as exc:
+        fail(str(exc))
+    with _progress() as advance:
+        report = verify_run(spec, verifier, sample, jobs or min(8, os.cpu_count() or 1), advance)
+    data = report.to_json()
+    if as_json:
+        out.print_json(json.dumps(data))
+    else:
+        out.print(render(data), highlight=False)
+    raise typer.Exit(0 if data["ok"] else 1)
+
+
+@contextmanager
+def _progress() -> Iterator[Callable[[int, int], None]]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("verify", total=None)
+        yield lambda done, total: progress.update(task, completed=done, total=total)
 
 
 def is_capture_run(settings: Settings) -> bool:

@@ -182,6 +182,13 @@ class NonFinite(PermanentError):
     kind = "nonfinite"
 
 
+class BadStates(PermanentError):
+    """A row's hidden states fail a cheap check (a layer all zeros, tensors shorter than the
+    row): the capture is broken, never written (``capture/checks.py``)."""
+
+    kind = "bad_states"
+
+
 class NotOurs(PermanentError):
     """A file at a capture file's path was not written by EagleGen: left as it is."""
 

@@ -167,6 +167,10 @@ def simulate(
     hidden_states_wrong_ids: Annotated[
         bool, Opt("--hidden-states-wrong-ids", help="Fault: echo and write other prompt ids.")
     ] = False,
+    hidden_states_zeros: Annotated[
+        bool,
+        Opt("--hidden-states-zeros", help="Fault: the first layer's states are all zeros."),
+    ] = False,
 ) -> None:
     """Run the simulator (stand-in for vLLM, not a model)."""
     from simulator.server import serve  # deferred: keeps the main CLI's start-up light
@@ -208,6 +212,7 @@ def simulate(
             hidden_states_dir=hidden_states_dir,
             hidden_states_layers=[int(p) for p in hidden_states_layers.split(",") if p.strip()],
             hidden_states_wrong_ids=hidden_states_wrong_ids,
+            hidden_states_zeros=hidden_states_zeros,
         )
     except (ValidationError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc

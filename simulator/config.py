@@ -64,6 +64,7 @@ class SimConfig(BaseModel):
     hidden_states_dir: Path | None = None
     hidden_states_layers: list[int] = Field(default_factory=list)
     hidden_states_wrong_ids: bool = False  # a fault: the echo and the file name other ids
+    hidden_states_zeros: bool = False  # a fault: the first layer's states all zero (#46301)
 
     @model_validator(mode="after")
     def _check_ranges(self) -> Self:

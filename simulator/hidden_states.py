@@ -26,7 +26,10 @@ from typing import Any
 class HiddenStates:
     """The model, its layer ids and the folder the files go to."""
 
-    def __init__(self, model_dir: Path, out_dir: Path, layers: list[int], wrong_ids: bool) -> None:
+    def __init__(
+        self, model_dir: Path, out_dir: Path, layers: list[int], wrong_ids: bool,
+        zeros: bool = False,
+    ) -> None:  # fmt: skip
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -40,6 +43,8 @@ class HiddenStates:
         self.count = count
         self.out_dir = out_dir
         self.wrong_ids = wrong_ids  # a fault: the echo and the file name other ids
+        # A fault: the first layer's states all zero, as vLLM gave on hybrid targets (#46301).
+        self.zeros = zeros
         out_dir.mkdir(parents=True, exist_ok=True)
         self._pre: dict[str, Any] = {}
         model.get_decoder().norm.register_forward_hook(self._keep_pre)  # type: ignore[no-untyped-call]
@@ -59,6 +64,8 @@ class HiddenStates:
             pre = self._pre.pop("pre")
         picked = [pre[0] if h == self.count else out.hidden_states[h][0] for h in self.layers]
         states = torch.stack(picked, dim=1).contiguous()  # [n, k, H]
+        if self.zeros:
+            states[:, 0] = 0
         echoed = [ids[0] + 1, *ids[1:]] if self.wrong_ids else list(ids)
         path = str(self.out_dir / f"{uuid.uuid4().hex}.safetensors")
         lock = os.open(path + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)

@@ -47,7 +47,7 @@ class SimState:
 
             self.hidden = HiddenStates(
                 cfg.hidden_states_model, cfg.hidden_states_dir, cfg.hidden_states_layers,
-                cfg.hidden_states_wrong_ids,
+                cfg.hidden_states_wrong_ids, cfg.hidden_states_zeros,
             )  # fmt: skip
 
     def new_request_id(self, key: str, prefix: str = "chatcmpl", given: str | None = None) -> str:

@@ -69,14 +69,16 @@ def test_the_vllm_backend_writes_the_states_of_a_direct_forward_pass_and_of_tran
 
 
 @pytest.mark.parametrize(
-    ("layers", "fault", "reason"),
-    [(SERVER_LAYERS, "--hidden-states-wrong-ids", "other prompt ids than the row"),
-     ("2,3,4,6", "", "expected")],
-    ids=["wrong-echo", "other-layers"],
+    ("layers", "fault", "reason", "kind"),
+    [(SERVER_LAYERS, "--hidden-states-wrong-ids", "other prompt ids than the row", "bad_response"),
+     ("2,3,4,6", "", "expected", "capture_mismatch"),
+     # vLLM #46301: a layer all zeros is refused before its file is written
+     (SERVER_LAYERS, "--hidden-states-zeros", "zero_state: aux 0 at token 0", "bad_states")],
+    ids=["wrong-echo", "other-layers", "zeros"],
 )  # fmt: skip
-def test_a_wrong_echo_or_other_layers_write_nothing(
+def test_a_wrong_echo_other_layers_or_zero_states_write_nothing(
     capture_stack: CaptureStack, tokenized: Path, model_dir: Path, tmp_path: Path,
-    layers: str, fault: str, reason: str,
+    layers: str, fault: str, reason: str, kind: str,
 ):  # fmt: skip
     served = tmp_path / "served"
     more = [fault] if fault else []
@@ -92,3 +94,4 @@ def test_a_wrong_echo_or_other_layers_write_nothing(
     assert not (out / "hidden_states").exists() or not any((out / "hidden_states").iterdir())
     assert list(served.iterdir()) == []
     assert reason in capture_stack.procs.logs(20000)
+    assert {f.kind for f in store.runs.failures().values()} == {kind}

@@ -3,7 +3,8 @@
 The files are made by capture's own code (the forward pass, the layouts, the atomic write: what
 a capture worker runs; tests/capture runs it in real worker processes); the loaders run in the
 trainers' venv (tests/trainers/capture_loaders.py) and must give their trainers the ids, mask
-and states of a direct forward pass, speculators' dataset being `eaglegen export`'s.
+and states of a direct forward pass, speculators' dataset being `eaglegen export`'s. Each file
+passes `capture verify`'s cheap checks first: the files verify passes are the files they load.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from capture.forward import TargetModel
 from capture.layers import plan
 from capture.layouts import encode, relative_path
 from capture.rows import Rows
+from capture.verify import Expect, content_faults, decode
 from tests.capture.helpers import build_model, make_rows, write_tokenized
 from tests.trainers.test_trainers import trainers_python
 from training.export import export
@@ -31,11 +33,14 @@ DRIVER = Path(__file__).resolve().parent / "capture_loaders.py"
 
 def _capture(rows: Rows, model: TargetModel, layout: str, out: Path) -> dict[int, dict]:
     aux = plan(layout, model.layers, None).aux  # type: ignore[arg-type]
+    norm = model._decoder.norm.weight.detach()
+    verified = Expect(layout, "trainers", model.hidden, model.dtype, aux, norm)  # type: ignore[arg-type]
     expected = {}
     for i in range(len(rows)):
         row = rows[i]
         states = model.forward([row.input_ids], aux)[0]
         data = encode(layout, row, states, "trainers")  # type: ignore[arg-type]
+        assert content_faults(decode(layout, data), row, verified) == []  # type: ignore[arg-type]
         write_atomic(out / relative_path(layout, i), data, lambda p: False)  # type: ignore[arg-type]
         expected[i] = {"ids": row.input_ids, "mask": row.loss_mask, "aux": states.aux,
                        "pre": states.pre_norm, "post": states.post_norm}  # fmt: skip
