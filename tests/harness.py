@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -280,6 +280,29 @@ def start_redis(
 
     wait_for(up, timeout, f"redis-server to log {ready!r}", every=0.05)
     return proc
+
+
+OFF_DISK = ("--save", "", "--appendonly", "no")
+
+
+@contextlib.contextmanager
+def own_redis(workdir: Path) -> Iterator[str]:
+    """A redis-server of the caller's own on a free loopback port (nothing kept on disk), stopped
+    on leaving; its URL. Tests, benchmarks and the demo write no Redis they did not start."""
+    with Procs(workdir, grace=10) as procs:
+        port = free_port()
+        start_redis(procs, port, workdir, *OFF_DISK)
+        yield f"redis://127.0.0.1:{port}/0"
+
+
+@contextlib.contextmanager
+def redis_for(url: str | None, workdir: Path) -> Iterator[str]:
+    """``url`` where one is named, else a Redis of our own (`own_redis`)."""
+    if url:
+        yield url
+    else:
+        with own_redis(workdir) as own:
+            yield own
 
 
 def delete_keys(client: redis.Redis, prefix: str, queue: str) -> None:
