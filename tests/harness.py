@@ -8,12 +8,15 @@ outlives the grace period. Nothing here imports pytest: bench/ and scripts/ use 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -303,6 +306,17 @@ def redis_for(url: str | None, workdir: Path) -> Iterator[str]:
     else:
         with own_redis(workdir) as own:
             yield own
+
+
+def redis_url_or_own(url: str | None) -> str:
+    """``url``, or that of a Redis of this process's own (a script's), stopped at its exit."""
+    if url:
+        return url
+    workdir = Path(tempfile.mkdtemp(prefix="eaglegen-redis-"))
+    own = own_redis(workdir)
+    atexit.register(shutil.rmtree, workdir, ignore_errors=True)
+    atexit.register(own.__exit__, None, None, None)
+    return own.__enter__()
 
 
 def delete_keys(client: redis.Redis, prefix: str, queue: str) -> None:
