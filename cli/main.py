@@ -244,9 +244,12 @@ def exporter(
 
 @app.command()
 def demo(
-    keep: Annotated[bool, typer.Option(help="Leave the run's keys in Redis.")] = False,
+    keep: Annotated[
+        bool, typer.Option(help="Leave the run's keys in EAGLEGEN_REDIS_URL's Redis.")
+    ] = False,
 ) -> None:
-    """Run the bundled prompts through a local simulator, worker and collector."""
+    """Run the bundled prompts through a local simulator, worker and collector (and a Redis of
+    its own unless EAGLEGEN_REDIS_URL is set)."""
     from cli.demo import run_demo
 
     run_demo(load_settings(), keep=keep)
