@@ -298,16 +298,6 @@ def own_redis(workdir: Path) -> Iterator[str]:
         yield f"redis://127.0.0.1:{port}/0"
 
 
-@contextlib.contextmanager
-def redis_for(url: str | None, workdir: Path) -> Iterator[str]:
-    """``url`` where one is named, else a Redis of our own (`own_redis`)."""
-    if url:
-        yield url
-    else:
-        with own_redis(workdir) as own:
-            yield own
-
-
 def redis_url_or_own(url: str | None) -> str:
     """``url``, or that of a Redis of this process's own (a script's), stopped at its exit."""
     if url:
