@@ -14,11 +14,11 @@ COMPOSE_BIN = $(or $(DOCKER_COMPOSE),$(error neither `docker compose` nor `docke
 # The docker stack; TLS=1 adds docker-compose.tls.yml (Redis speaks TLS only).
 COMPOSE = $(COMPOSE_BIN) -f docker-compose.yml $(if $(filter 1,$(TLS)),-f docker-compose.tls.yml)
 
-.PHONY: soak test-compose test-faults chaos help install install-dev demo test test-unit test-vllm test-trainers lint format bench up down logs ps enqueue worker-host worker collector flower redis clean
+.PHONY: redis-installed soak test-compose test-faults chaos help install install-dev demo test test-unit test-vllm test-trainers lint format bench up down logs ps enqueue worker-host worker collector flower redis clean
 
 help:
 	@echo "make demo      run the bundled prompts end to end (simulator, worker, collector)"
-	@echo "make test      set up and run the test suite (needs/starts Redis)"
+	@echo "make test      set up and run the test suite (on a Redis of its own)"
 	@echo "make test-faults  hostile servers, paused and killed processes, a stalled Redis"
 	@echo "make test-vllm the same pipeline against a real vLLM CPU server (tiny model)"
 	@echo "make test-trainers  SpecForge and speculators read the exported data (own venv)"
@@ -51,25 +51,34 @@ install-dev: $(VENV)/.installed-dev
 redis:
 	@scripts/ensure_redis.sh
 
-demo: install redis
+# The redis-server program, which the tests, benchmarks and the demo start on free ports of
+# their own (they write no Redis they did not start, unless told: EAGLEGEN_TEST_REDIS_URL,
+# --redis-url, EAGLEGEN_REDIS_URL for the demo).
+redis-installed:
+	@scripts/ensure_redis.sh --installed
+
+# A Redis of its own unless EAGLEGEN_REDIS_URL is set (environment or .env): then that one,
+# announced (README).
+demo: install
+	@[ -n "$$EAGLEGEN_REDIS_URL" ] || grep -qs '^EAGLEGEN_REDIS_URL=' .env || scripts/ensure_redis.sh --installed
 	$(BIN)/eaglegen demo
 
-test: install-dev redis
+test: install-dev redis-installed
 	$(BIN)/pytest
 
 # The fault tier: hostile servers, SIGSTOPped and SIGKILLed workers, Redis stalled and restarted,
 # clocks moved (libfaketime), capture under faults. Kept apart so `make test` stays short.
-test-faults: install-dev redis
+test-faults: install-dev redis-installed
 	$(BIN)/pytest -m faults
 
 test-unit: install-dev
 	$(BIN)/pytest -m "not integration"
 
 # A real vLLM CPU server in its own venv (scripts/setup_vllm.sh). Where it cannot be
-# installed the tier skips with the reason; in CI that is a failure. Redis DB 11 is its own.
-test-vllm: install-dev redis
+# installed the tier skips with the reason; in CI that is a failure.
+test-vllm: install-dev redis-installed
 	scripts/setup_vllm.sh || [ -z "$$CI" ]
-	EAGLEGEN_TEST_REDIS_URL=redis://127.0.0.1:6379/11 $(BIN)/pytest -m vllm tests/vllm
+	$(BIN)/pytest -m vllm tests/vllm
 
 # SpecForge 0.2.0 and speculators 0.9.0 read `eaglegen export` output with their own data code,
 # in a venv of their own (scripts/setup_trainers.sh). Where it cannot be installed the tier
@@ -128,14 +137,14 @@ flower: install redis
 test-compose: install-dev
 	scripts/test_compose.sh
 
-chaos: install-dev
+chaos: install-dev redis-installed
 	$(PY) scripts/chaos.py
 
 # Capacity benchmarks, side by side with the baseline script, then routing by prefix cache vs
-# least-loaded (Redis db 12; ~5 min on 2 cores, then 77 s for routing), then what checkpoints
+# least-loaded (each on a Redis of its own; ~5 min on 2 cores, then 77 s for routing), then what checkpoints
 # cost (a second): JSON in bench/results/, a Markdown summary on stdout, figures quoted in
 # docs/benchmarks.md and docs/resume.md.
-bench: install-dev redis
+bench: install-dev redis-installed
 	$(PY) bench/bench_capacity.py
 	$(PY) bench/bench_tokenize.py --rows 20000 --json bench/results/tokenize.json
 	$(PY) bench/bench_routing.py
@@ -143,9 +152,9 @@ bench: install-dev redis
 	$(PY) bench/bench_capture.py
 	$(PY) bench/bench_verify.py --results bench/results/verify.json
 
-# 100k zero-latency samples through 2 workers x 32 (Redis db 12, about 8 min on 2 cores): RSS per
+# 100k zero-latency samples through 2 workers x 32 (a Redis of its own, about 8 min on 2 cores): RSS per
 # worker at each 10k, log bytes per 1,000 samples, Redis bytes before and after retiring the run.
-soak: install-dev redis
+soak: install-dev redis-installed
 	$(PY) bench/soak.py --samples $${SOAK_SAMPLES:-100000}
 
 clean:

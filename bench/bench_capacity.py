@@ -58,7 +58,7 @@ from common.keys import EndpointKeys  # noqa: E402
 from common.store import connect  # noqa: E402
 from simulator.answers import expected_answer  # noqa: E402
 from simulator.config import SimConfig  # noqa: E402
-from tests.harness import ROOT, Simulator, child_env, wait_for  # noqa: E402
+from tests.harness import ROOT, Simulator, child_env, redis_url_or_own, wait_for  # noqa: E402
 
 # Answers of 20-80 tokens, no reasoning: varied lengths, and few enough tokens per second
 # (32 slots / 20 ms = 1,600 a second) that the simulator keeps its schedule on two cores.
@@ -646,7 +646,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--redis-url",
-        default=os.environ.get("EAGLEGEN_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12"),
+        default=os.environ.get("EAGLEGEN_BENCH_REDIS_URL"),
+        help="a Redis to use (default: one of its own, on a free port)",
     )
     parser.add_argument("--only", nargs="*", choices=sorted(SCENARIOS), default=list(SCENARIOS))
     parser.add_argument("--samples", type=int, default=1000)
@@ -669,6 +670,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     """Run the chosen scenarios one after the other; write JSON, print Markdown."""
     p = parse_args()
+    p.redis_url = redis_url_or_own(p.redis_url)
     work = work_dir("bench")
     results: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),

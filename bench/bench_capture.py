@@ -1,6 +1,6 @@
 """Capture on CPU: a capture worker against a plain in-process loop, bytes per token, RSS.
 
-    .venv/bin/python bench/bench_capture.py [--redis-url redis://127.0.0.1:6379/12]
+    .venv/bin/python bench/bench_capture.py [--redis-url URL]
         [--rows 120] [--tokens 256] [--hidden 256] [--layers 8] [--concurrency 8]
 
 The same rows (random ids, ``--tokens`` each) of the same random Qwen3 (``--layers`` x
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stack import save_results  # noqa: E402
 
-from tests.harness import Procs, wait_for  # noqa: E402
+from tests.harness import Procs, redis_url_or_own, wait_for  # noqa: E402
 
 
 def build(tmp: Path, args: argparse.Namespace) -> tuple[Path, Path, list[list[int]]]:
@@ -121,7 +121,9 @@ def worker_run(redis_url: str, model_dir: Path, tokenized: Path, out: Path, tmp:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
+    parser.add_argument(
+        "--redis-url", help="a Redis to use (default: one of its own, on a free port)"
+    )
     parser.add_argument("--rows", type=int, default=120)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--hidden", type=int, default=256)
@@ -140,6 +142,7 @@ def main() -> None:
     if args.synthetic or args.device:
         from capture_scale import scale
 
+        args.redis_url = redis_url_or_own(args.redis_url)
         if args.synthetic:
             args.device = None
 
@@ -157,7 +160,7 @@ def main() -> None:
         # The loop before and after the worker, the faster one kept: on a shared machine
         # the load moves, and the worker should not win by running in a quieter minute.
         loop_s = plain_loop(model_dir, tokenized, tmp / "loop", int(args.concurrency))
-        cap = worker_run(args.redis_url, model_dir, tokenized, tmp / "out", tmp,
+        cap = worker_run(redis_url_or_own(args.redis_url), model_dir, tokenized, tmp / "out", tmp,
                          int(args.concurrency), args.rows)  # fmt: skip
         loop_s = min(loop_s, plain_loop(model_dir, tokenized, tmp / "loop2", int(args.concurrency)))
         files = list((tmp / "out" / "hidden_states").iterdir())

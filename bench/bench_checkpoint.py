@@ -1,6 +1,6 @@
 """What checkpoints cost: Redis bytes per sample in flight and written, worker CPU per token.
 
-    .venv/bin/python bench/bench_checkpoint.py [--redis-url redis://127.0.0.1:6379/12]
+    .venv/bin/python bench/bench_checkpoint.py [--redis-url URL]
 
 A turn of N tokens is streamed in-process, one token per network read as vLLM sends them,
 through the worker's real checkpoint path: ``TurnCheckpoints.due`` after every read and, when
@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.models import Checkpoint, Sample, SourceRef
 from common.settings import Settings
 from common.store import RunStore, connect
+from tests.harness import redis_url_or_own
 from worker.chat.checkpoints import TurnCheckpoints
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -141,11 +142,13 @@ def table(n: int, figures: dict[str, dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
+    parser.add_argument(
+        "--redis-url", help="a Redis to use (default: one of its own, on a free port)"
+    )
     parser.add_argument("--tokens", default="1000,8000", help="turn lengths, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
     a = parser.parse_args()
-    client = connect(a.redis_url)
+    client = connect(redis_url_or_own(a.redis_url))
     store = RunStore(client, "eaglegen-bench", f"ckpt-{uuid.uuid4().hex[:6]}")
     results: dict[str, Any] = {}
     try:

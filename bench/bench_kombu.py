@@ -1,13 +1,14 @@
 """Redis client objects kombu builds in a real Celery worker, per acked task, with and without
 broker.kombu_fix's one-client-per-pool patch, side by side.
 
-    .venv/bin/python bench/bench_kombu.py --redis-url redis://127.0.0.1:6379/N [--tasks 1000]
+    .venv/bin/python bench/bench_kombu.py [--redis-url URL] [--tasks 1000]
 
 Starts a Celery worker (threads pool, concurrency 8, acks_late, prefetch 1, as EagleGen's) on
 a queue and unacked keys of its own, sends ``--tasks`` no-op tasks, waits until every one is
 acked, stops the worker and reads what it counted: ``redis.Redis`` constructions (and their
 time) and the worker's CPU from ready to shutdown. Unpatched and patched alternate per round.
-Use a Redis database nothing else writes to: the queue's keys are deleted before each run.
+A Redis of its own unless --redis-url names one (a database nothing else writes to: the
+queue's keys are deleted before each run).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
+
+from tests.harness import redis_url_or_own
 
 QUEUE = "eaglegen-bench-kombu"
 KEYS = {"unacked_key": f"{QUEUE}-unacked", "unacked_index_key": f"{QUEUE}-unacked-index"}
@@ -121,7 +124,7 @@ def run(url: str, events: bool, fix: bool, tasks: int, tmp: Path) -> dict[str, f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--redis-url", required=True, help="a database of its own")
+    parser.add_argument("--redis-url", help="a Redis to use (default: one of its own)")
     parser.add_argument("--tasks", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--events", action="store_true", help="task events on")
@@ -131,6 +134,7 @@ def main() -> None:
     if a.worker:
         worker(a.redis_url, a.events, a.fix, Path(os.environ["BENCH_KOMBU_OUT"]))
         return
+    a.redis_url = redis_url_or_own(a.redis_url)
     with tempfile.TemporaryDirectory() as tmp:
         for n in range(a.rounds):
             for fix in (False, True):

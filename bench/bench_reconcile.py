@@ -1,7 +1,7 @@
 """Reconciler pass time and peak memory against the queue's length, with and without the scan
 limit.
 
-    .venv/bin/python bench/bench_reconcile.py 200000 [--redis-url redis://127.0.0.1:6379/12]
+    .venv/bin/python bench/bench_reconcile.py 200000 [--redis-url URL]
 
 Fills a queue with N real task messages (copies of one published by Celery) and as many
 pending ids, times two passes at each limit, then one more under tracemalloc for the peak of
@@ -28,6 +28,7 @@ from broker.publish import publish
 from common.models import GenParams
 from common.settings import Settings
 from common.store import RunStore, connect
+from tests.harness import redis_url_or_own
 from worker.pipeline.reconcile import Reconciler
 
 
@@ -49,8 +50,11 @@ def fill(r, store: RunStore, key: str, proto: dict, n: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("messages", type=int)
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
+    parser.add_argument(
+        "--redis-url", help="a Redis to use (default: one of its own, on a free port)"
+    )
     a = parser.parse_args()
+    a.redis_url = redis_url_or_own(a.redis_url)
     queue, run = f"benchq-{uuid.uuid4().hex[:6]}", f"benchrun-{uuid.uuid4().hex[:6]}"
     s = Settings(redis_url=a.redis_url, run=run, queue=queue)
     r = connect(a.redis_url)

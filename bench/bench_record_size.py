@@ -1,6 +1,6 @@
 """Record size with and without token ids: the bundled prompts, real workers, the simulator.
 
-    .venv/bin/python bench/bench_record_size.py [--redis-url redis://127.0.0.1:6379/12]
+    .venv/bin/python bench/bench_record_size.py [--redis-url URL]
 
 Runs the bundled prompts (data/*.jsonl, 160 samples, 80 of them with two turns) through a
 worker and a collector twice, with EAGLEGEN_TOKEN_IDS=auto (the simulator gives ids) and off,
@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.store import connect
-from tests.harness import ROOT, Procs, delete_keys
+from tests.harness import ROOT, Procs, delete_keys, redis_url_or_own
 from tests.stack import Stack
 
 SOURCES = [ROOT / "data" / "mt_bench_question.jsonl", ROOT / "data" / "vicuna_bench_question.jsonl"]
@@ -50,8 +50,11 @@ def id_bytes(line: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
+    parser.add_argument(
+        "--redis-url", help="a Redis to use (default: one of its own, on a free port)"
+    )
     a = parser.parse_args()
+    a.redis_url = redis_url_or_own(a.redis_url)
     sizes = {}
     for mode in ("auto", "off"):
         with tempfile.TemporaryDirectory() as tmp:

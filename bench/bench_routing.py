@@ -16,8 +16,8 @@ caches are sized so that nothing is evicted, so such a turn finds its whole hist
 
     .venv/bin/python bench/bench_routing.py [--only mt-bench multi-turn] [--affinity-wait S]
 
-Uses Redis db 12 (``EAGLEGEN_BENCH_REDIS_URL`` or ``--redis-url`` to change) under its own
-key prefixes; writes bench/results/routing-<time>.json and prints a Markdown summary.
+Uses a Redis of its own (``EAGLEGEN_BENCH_REDIS_URL`` or ``--redis-url`` name one instead),
+under its own key prefixes; writes bench/results/routing-<time>.json and prints a Markdown summary.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 from stack import Sampler, Stack, save_results, work_dir  # noqa: E402
 
-from tests.harness import ROOT, Simulator  # noqa: E402
+from tests.harness import ROOT, Simulator, redis_url_or_own  # noqa: E402
 
 MT_BENCH = ROOT / "data" / "mt_bench_question.jsonl"
 MODES = ("cache", "least-loaded")
@@ -202,7 +202,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--redis-url",
-        default=os.environ.get("EAGLEGEN_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12"),
+        default=os.environ.get("EAGLEGEN_BENCH_REDIS_URL"),
+        help="a Redis to use (default: one of its own, on a free port)",
     )
     parser.add_argument("--only", nargs="*", choices=sorted(SETS), default=list(SETS))
     parser.add_argument("--modes", nargs="*", choices=MODES, default=list(MODES))
@@ -224,6 +225,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     """Every chosen set under every mode, one after the other; write JSON, print Markdown."""
     p = parse_args()
+    p.redis_url = redis_url_or_own(p.redis_url)
     work = work_dir("routing")
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"),
                                "load_before": os.getloadavg(), "args": vars(p)}  # fmt: skip

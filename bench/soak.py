@@ -6,8 +6,8 @@ One simulator answering at once, WORKERS worker processes at the default log lev
 collector, a producer feeding the run in the background under backpressure. Reports, as JSON:
 each worker's RSS at every 10,000 samples written, log bytes per 1,000 samples (workers and
 collector, start-up excluded), the run's Redis bytes before and after ``runs retire``, and the
-collector's restart time on the file. Uses its own key prefix and queue in Redis db 12 (or
-``--redis-url``) and deletes them afterwards.
+collector's restart time on the file. Uses a Redis of its own (or ``--redis-url``'s, under its
+own key prefix and queue, deleted afterwards).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 from stack import Stack, rss_mib, write_prompts  # noqa: E402
 
-from tests.harness import wait_for  # noqa: E402
+from tests.harness import redis_url_or_own, wait_for  # noqa: E402
 
 ZERO_LATENCY = ("--time-per-token", "0", "--ttft", "0", "--max-answer-tokens", "16",
                 "--reasoning-tokens", "0", "--max-num-seqs", "256")  # fmt: skip
@@ -54,7 +54,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=100_000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
+    parser.add_argument(
+        "--redis-url", help="a Redis to use (default: one of its own, on a free port)"
+    )
     parser.add_argument(
         "--last-worker-env", action="append", default=[], metavar="KEY=VALUE",
         help="set in the last worker's environment only: a side-by-side comparison in one run",
@@ -62,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory() as folder,
-        Stack(args.redis_url, Path(folder), "soak") as stack,
+        Stack(redis_url_or_own(args.redis_url), Path(folder), "soak") as stack,
     ):
         print(json.dumps(_soak(stack, Path(folder), args), indent=1))
 

@@ -2,13 +2,18 @@
 
 Starts a simulator, a worker and a collector as child processes, enqueues the bundled
 MT-Bench and Vicuna-bench prompts, waits for the run to complete, checks the JSONL, prints a
-summary and stops what it started.
+summary and stops what it started. Its Redis is a redis-server of its own on a free port
+(nothing kept on disk), unless EAGLEGEN_REDIS_URL is set: then that one, said at the start
+(one run, ``demo-<time>``, deleted at the end unless ``--keep``). SIGTERM stops it as Ctrl-C
+does: its children are stopped too.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import redis
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -24,6 +30,7 @@ from cli.enqueue_cmd import run_enqueue
 from common.errors import EagleGenError
 from common.keys import CUT_TURNS, DROPPED_TURNS
 from common.models import GenParams
+from common.redact import redact_url
 from common.settings import Settings
 from common.store import RunStore, connect
 
@@ -34,7 +41,18 @@ TIMEOUT_S = 600.0
 
 def run_demo(base: Settings, keep: bool = False) -> None:
     """Run the demo end to end and print its figures."""
+    # Like Ctrl-C (an exception, no lock taken): the children are stopped on the way out.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     console = Console(stderr=True)
+    if "redis_url" in base.model_fields_set:
+        return _run(base, keep, console, named=True)
+    with _own_redis(Path("out") / "logs") as url:
+        console.print(f"Redis: a server of the demo's own at {url}, stopped at the end "
+                      "(set EAGLEGEN_REDIS_URL to use yours)", highlight=False)  # fmt: skip
+        _run(base.model_copy(update={"redis_url": url}), keep, console, named=False)
+
+
+def _run(base: Settings, keep: bool, console: Console, named: bool) -> None:
     run = time.strftime("demo-%Y%m%d-%H%M%S")
     port = _free_port()
     settings = base.model_copy(
@@ -44,6 +62,8 @@ def run_demo(base: Settings, keep: bool = False) -> None:
             "endpoints": [f"http://127.0.0.1:{port}/v1"],
         }
     )
+    if named:
+        _announce(settings, keep, console)
     out = Path("out") / f"{run}.jsonl"
     client = connect(settings.redis_url, settings.redis_sentinel_master)
     store = RunStore(client, settings.key_prefix, run)
@@ -64,6 +84,54 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _announce(settings: Settings, keep: bool, console: Console) -> None:
+    """Say what the demo writes to a Redis it did not start."""
+    fate = "kept: --keep" if keep else "deleted at the end"
+    where = redact_url(settings.redis_url)
+    console.print(
+        f"Redis: {where} (EAGLEGEN_REDIS_URL): the demo writes run {settings.run} there (its "
+        f"keys {fate}); the bindings of queue {settings.queue} and the simulator endpoint's "
+        "health stay", highlight=False,
+    )  # fmt: skip
+
+
+@contextmanager
+def _own_redis(logs: Path) -> Iterator[str]:
+    """A redis-server on a free loopback port, nothing on disk; its URL. Stopped on leaving."""
+    program = shutil.which("redis-server")
+    if program is None:
+        raise EagleGenError(
+            "the demo starts a Redis of its own and needs redis-server (make demo installs it "
+            "where it can; apt-get install redis-server), or EAGLEGEN_REDIS_URL set to a Redis "
+            "it may write a run to"
+        )
+    logs.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    where = ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(logs.resolve())]
+    command = [program, *where, "--save", "", "--appendonly", "no", "--logfile", "redis.log"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        _wait_redis(url, proc)
+        yield url
+    finally:
+        _stop({"redis": proc})
+
+
+def _wait_redis(url: str, proc: subprocess.Popen[bytes]) -> None:
+    client = connect(url)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EagleGenError("the demo's redis-server exited at start-up (see out/logs)")
+        try:
+            client.ping()
+            return
+        except redis.RedisError:
+            time.sleep(0.1)
+    raise EagleGenError("the demo's redis-server did not answer within 30 s")
 
 
 def _env(settings: Settings) -> dict[str, str]:

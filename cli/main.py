@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -38,6 +37,7 @@ from common.errors import EagleGenError
 from common.models import GenParams
 from common.params import validated
 from common.redact import redact_url
+from common.stop import StopFlag
 
 WHOLE_WIDTH = 100_000  # columns for output that is not a terminal: nothing is cut
 
@@ -164,7 +164,7 @@ def collect(
     )  # fmt: skip
 
 
-def _collect_with_progress(collector: Any, stop: threading.Event, total: int) -> Any:
+def _collect_with_progress(collector: Any, stop: StopFlag, total: int) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -244,9 +244,12 @@ def exporter(
 
 @app.command()
 def demo(
-    keep: Annotated[bool, typer.Option(help="Leave the run's keys in Redis.")] = False,
+    keep: Annotated[
+        bool, typer.Option(help="Leave the run's keys in EAGLEGEN_REDIS_URL's Redis.")
+    ] = False,
 ) -> None:
-    """Run the bundled prompts through a local simulator, worker and collector."""
+    """Run the bundled prompts through a local simulator, worker and collector (and a Redis of
+    its own unless EAGLEGEN_REDIS_URL is set)."""
     from cli.demo import run_demo
 
     run_demo(load_settings(), keep=keep)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 from typing import Annotated, Any, NoReturn
 
@@ -15,6 +14,7 @@ from rich.console import Console
 
 from common.redact import redact_url
 from common.settings import Settings
+from common.stop import StopFlag
 from common.store import RunStore, connect
 from common.unknown_settings import unknown_settings
 
@@ -85,9 +85,12 @@ def wait_for_redis(settings: Settings, every_s: float = 2.0) -> None:
     client.close()
 
 
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT, for loops that finish their step and exit."""
-    stop = threading.Event()
+def stop_on_signals() -> StopFlag:
+    """A flag set by SIGTERM or SIGINT, for loops that finish their step and exit.
+
+    Not a ``threading.Event``: its ``set`` takes a lock the waiting main thread may hold.
+    """
+    stop = StopFlag()
 
     def handler(signum: int, frame: object) -> None:
         stop.set()

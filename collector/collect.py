@@ -9,7 +9,6 @@ stalled only pauses the loop.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import redis
 
 from collector.sink import JsonlSink
 from common.errors import CollectorFenced, ConfigError
+from common.stop import Stop
 from common.store import CollectorStore
 
 log = logging.getLogger("eaglegen.collector")
@@ -54,7 +54,7 @@ class Collector:
 
     def run(
         self,
-        stop: threading.Event,
+        stop: Stop,
         once: bool = False,
         on_batch: Callable[[CollectStats], None] = lambda stats: None,
     ) -> CollectStats:
@@ -68,7 +68,7 @@ class Collector:
             self._lock.release()  # if Redis is away, the lock expires by itself
         return self.stats
 
-    def _turn(self, stop: threading.Event, once: bool) -> bool:
+    def _turn(self, stop: Stop, once: bool) -> bool:
         """One batch; False when ``once`` has nothing left. Redis errors only pause it."""
         try:
             return self._step(stop, once)
@@ -83,7 +83,7 @@ class Collector:
             stop.wait(REDIS_PAUSE_S)
             return True
 
-    def _step(self, stop: threading.Event, once: bool) -> bool:
+    def _step(self, stop: Stop, once: bool) -> bool:
         # Ids left in the collecting list (a crash, or a commit lost to a Redis restart) come
         # first; the sink skips any already on disk.
         self._renew()
@@ -130,7 +130,7 @@ class Collector:
             self.store.run, self.stats.written, written / elapsed, elapsed, waiting, pending,
         )  # fmt: skip
 
-    def _take_lock(self, stop: threading.Event) -> None:
+    def _take_lock(self, stop: Stop) -> None:
         # A killed collector's lock outlives it by up to its TTL: wait that long, no more
         # (time with Redis unreachable does not count).
         deadline = time.monotonic() + self.lock_ttl + 1

@@ -2,7 +2,22 @@
 # Make sure a Redis answers at EAGLEGEN_REDIS_URL (default 127.0.0.1:6379).
 # Order: one already answering; docker compose where a docker engine runs; a local
 # redis-server (installed with apt-get when missing and possible), durable (AOF, noeviction).
+# With --installed: only make sure the redis-server program is here (the tests, benchmarks
+# and the demo start a Redis of their own with it); nothing is started.
 set -euo pipefail
+
+install_redis_server() {
+  command -v redis-server >/dev/null 2>&1 && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "redis: installing redis-server with apt-get"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  else
+    echo "redis: no redis-server and no way to install it; install Redis >= 6.2 or docker" >&2
+    exit 1
+  fi
+}
+
+if [ "${1:-}" = "--installed" ]; then install_redis_server; exit 0; fi
 # The URL the eaglegen commands will use: the environment, else .env (as pydantic reads it).
 url="${EAGLEGEN_REDIS_URL:-}"
 [ -z "$url" ] && [ -f .env ] && url="$(sed -n 's/^EAGLEGEN_REDIS_URL=//p' .env | tail -n 1)"
@@ -41,15 +56,7 @@ fi
 if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
   docker compose up -d redis
 else
-  if ! command -v redis-server >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-      echo "redis: installing redis-server with apt-get"
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
-    else
-      echo "redis: no redis-server and no way to install it; install Redis >= 6.2 or docker" >&2
-      exit 1
-    fi
-  fi
+  install_redis_server
   mkdir -p "$state_dir/redis"
   redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --dir "$state_dir/redis" \
     --appendonly yes --appendfsync everysec --maxmemory-policy noeviction \

@@ -1,9 +1,11 @@
 """The fixtures every tier shares: the suite's Redis, child processes, one pipeline per test.
 
-Redis comes from EAGLEGEN_TEST_REDIS_URL (default db 15 on the local server), flushed before
-and after each test that asks for ``rdb``. Unreachable Redis skips the tests locally but fails
-them in CI. No test sees the developer's ``EAGLEGEN_*`` variables or ``.env`` file: the suite
-reads its own settings once at start, then every test runs without them, in an empty folder.
+Redis is the suite's own: a redis-server it starts on a free port (and stops), unless
+EAGLEGEN_TEST_REDIS_URL names one, whose database is flushed before and after each test that
+asks for ``rdb`` (so name a database nothing else uses). No redis-server, or an unreachable
+named one, skips the tests locally but fails them in CI. No test sees the developer's
+``EAGLEGEN_*`` variables or ``.env`` file: the suite reads its own settings once at start, then
+every test runs without them, in an empty folder.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import pytest
 import redis
 
 from common.store import connect
-from tests.harness import Procs
-from tests.services import reachable_redis
+from tests.harness import Procs, own_redis
+from tests.services import reachable_redis, require_tool
 from tests.stack import Stack
 
 SUITE_ENV = pytest.StashKey[dict[str, str]]()
@@ -48,8 +50,14 @@ def no_eaglegen_settings(monkeypatch: pytest.MonkeyPatch, empty_dir: Path) -> No
 
 
 @pytest.fixture(scope="session")
-def redis_url(suite_env: dict[str, str]) -> str:
-    return reachable_redis(suite_env.get("EAGLEGEN_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
+def redis_url(suite_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    named = suite_env.get("EAGLEGEN_TEST_REDIS_URL")
+    if named:
+        yield reachable_redis(named)
+        return
+    require_tool("redis-server")
+    with own_redis(tmp_path_factory.mktemp("redis")) as url:
+        yield url
 
 
 @pytest.fixture

@@ -8,14 +8,17 @@ outlives the grace period. Nothing here imports pytest: bench/ and scripts/ use 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -280,6 +283,30 @@ def start_redis(
 
     wait_for(up, timeout, f"redis-server to log {ready!r}", every=0.05)
     return proc
+
+
+OFF_DISK = ("--save", "", "--appendonly", "no")
+
+
+@contextlib.contextmanager
+def own_redis(workdir: Path) -> Iterator[str]:
+    """A redis-server of the caller's own on a free loopback port (nothing kept on disk), stopped
+    on leaving; its URL. Tests, benchmarks and the demo write no Redis they did not start."""
+    with Procs(workdir, grace=10) as procs:
+        port = free_port()
+        start_redis(procs, port, workdir, *OFF_DISK)
+        yield f"redis://127.0.0.1:{port}/0"
+
+
+def redis_url_or_own(url: str | None) -> str:
+    """``url``, or that of a Redis of this process's own (a script's), stopped at its exit."""
+    if url:
+        return url
+    workdir = Path(tempfile.mkdtemp(prefix="eaglegen-redis-"))
+    own = own_redis(workdir)
+    atexit.register(shutil.rmtree, workdir, ignore_errors=True)
+    atexit.register(own.__exit__, None, None, None)
+    return own.__enter__()
 
 
 def delete_keys(client: redis.Redis, prefix: str, queue: str) -> None:

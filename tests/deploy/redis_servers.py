@@ -7,10 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.harness import Procs, free_port, start_redis
+from tests.harness import OFF_DISK, Procs, free_port, start_redis
 from tests.services import require_tool
-
-OFF_DISK = ("--save", "", "--appendonly", "no")
 
 
 def assert_not_in_logs(tmp: Path, secret: str) -> None:

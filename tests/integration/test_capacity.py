@@ -1,8 +1,8 @@
 """Cluster-wide caps, routing, health and drains: real Redis, simulators and worker processes.
 
-This module uses its own Redis database (12 unless EAGLEGEN_CAPACITY_REDIS_URL says
-otherwise), shared with ``make bench``: nothing here flushes it, every test works under its
-own key prefix and queue and deletes them afterwards.
+Nothing here flushes Redis (the suite's, or EAGLEGEN_CAPACITY_REDIS_URL's, which may be shared
+with ``make bench``): every test works under its own key prefix and queue and deletes them
+afterwards.
 """
 
 from __future__ import annotations
@@ -32,10 +32,9 @@ FAST = ("--time-per-token", "0.01", "--max-answer-tokens", "40", "--reasoning-to
 
 
 @pytest.fixture(scope="session")
-def redis_url(suite_env: dict[str, str]) -> str:
-    return reachable_redis(
-        suite_env.get("EAGLEGEN_CAPACITY_REDIS_URL", "redis://127.0.0.1:6379/12")
-    )
+def redis_url(redis_url: str, suite_env: dict[str, str]) -> str:
+    named = suite_env.get("EAGLEGEN_CAPACITY_REDIS_URL")
+    return reachable_redis(named) if named else redis_url
 
 
 @pytest.fixture

@@ -4,10 +4,9 @@
 #   thinking on  : 40 MT-Bench (two turns) + 40 Vicuna-bench prompts, reasoning in every turn
 #   thinking off : 20 MT-Bench prompts, --no-thinking, with a system prompt
 #   cut turns    : 20 MT-Bench prompts, --max-tokens 64 (finish_reason "length", cut in the reasoning or the answer)
-# Usage: tests/trainers/build_fixture.sh [redis-url]   (default redis://127.0.0.1:6379/8)
+# Usage: tests/trainers/build_fixture.sh [redis-url]   (default: a redis-server of its own)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export EAGLEGEN_REDIS_URL="${1:-redis://127.0.0.1:6379/8}"
 port=18716
 stamp=$(date +%s)
 export EAGLEGEN_ENDPOINTS="http://127.0.0.1:$port/v1"
@@ -19,6 +18,17 @@ work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
+
+if [ -n "${1:-}" ]; then
+  export EAGLEGEN_REDIS_URL="$1"
+else  # a Redis of its own on a free port, nothing kept on disk
+  rport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" \
+    >"$work/redis.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  export EAGLEGEN_REDIS_URL="redis://127.0.0.1:$rport/0"
+fi
 
 $bin simulate --port "$port" --time-per-token 0 --max-answer-tokens 96 --reasoning-tokens 48 \
   >"$work/sim.log" 2>&1 &

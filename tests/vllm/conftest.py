@@ -1,5 +1,5 @@
-"""The vLLM tier's fixtures: the main server, its Redis (DB 11 unless EAGLEGEN_TEST_REDIS_URL
-says otherwise: other tiers use other DBs), and a pipeline timed for a real server.
+"""The vLLM tier's fixtures: the main server and a pipeline timed for a real server (Redis is
+the suite's: its own, unless EAGLEGEN_TEST_REDIS_URL names one).
 
 Where the server was never installed the tier skips with the set-up's reason; in CI (``CI``
 set) that is a failure, as is a server that is installed but does not come up.
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.services import reachable_redis, unavailable
+from tests.services import unavailable
 from tests.stack import Stack
 from tests.vllm.server import (
     Server,
@@ -37,11 +37,6 @@ def vllm_server(vllm_installed: None, tmp_path_factory: pytest.TempPathFactory) 
     report(f"vLLM server ready in {server.started_s} s")
     yield server
     stop_server(server)
-
-
-@pytest.fixture(scope="session")
-def redis_url(suite_env: dict[str, str]) -> str:
-    return reachable_redis(suite_env.get("EAGLEGEN_TEST_REDIS_URL", "redis://127.0.0.1:6379/11"))
 
 
 @pytest.fixture

@@ -132,14 +132,25 @@ class SampleProcessor:
         self.breaker = Breaker()
         self._drain_deadline: float | None = None
         self._secrets = secrets_of(settings)
+        self._drain_told = threading.Lock()  # taken once, never released: one warning
 
     def begin_drain(self) -> None:
-        """SIGTERM: let in-flight generations finish within the grace time, then hand back."""
+        """SIGTERM: let in-flight generations finish within the grace time, then hand back.
+
+        Called in the signal handler: one store, no lock (a task thread logs the warning).
+        """
         self._drain_deadline = time.monotonic() + self.settings.shutdown_grace
-        log.warning(
-            "stopping: in-flight samples get %.0f s to finish, then go back to the queue",
-            self.settings.shutdown_grace,
-        )
+
+    def _draining(self) -> bool:
+        """Whether the grace time is over (told once, by the first generation to see it)."""
+        if self._drain_deadline is None:
+            return False
+        if self._drain_told.acquire(blocking=False):
+            log.warning(
+                "stopping: in-flight samples get %.0f s to finish, then go back to the queue",
+                self.settings.shutdown_grace,
+            )
+        return time.monotonic() > self._drain_deadline
 
     def params(self, run: str) -> GenParams:
         """The run's generation parameters (fixed for its life, so cached)."""
@@ -278,7 +289,7 @@ class SampleProcessor:
         def check() -> None:
             if cancelled.is_set():
                 raise errors.LeaseLost(f"lease on {sample_id} taken by another worker")
-            if self._drain_deadline is not None and time.monotonic() > self._drain_deadline:
+            if self._draining():
                 raise errors.HandedBack(f"worker stopping; {sample_id} goes back to the queue")
 
         return check
