@@ -179,7 +179,8 @@ def test_a_paused_workers_streams_are_aborted_within_a_lease_and_a_reconciler_pa
     finally:
         paused.send_signal(signal.SIGCONT)
     # It wakes to vLLM's end of its aborted streams (finish_reason "abort", usage, [DONE]):
-    # none of it is a record; its samples go on from their checkpoints to their whole answers.
+    # none of it is a record; its samples end whole, from their checkpoints or generated again
+    # (which one is a race the worker may lose: its lease may be another message's by then).
     collector = run.collector()
     run.wait_complete(900)
     for child in (paused, collector):
@@ -188,7 +189,8 @@ def test_a_paused_workers_streams_are_aborted_within_a_lease_and_a_reconciler_pa
     assert len(turns) == 2
     assert all((t["finish_reason"], len(t["token_ids"])) == ("length", MAX_TOKENS)
                for t in turns.values()), turns  # fmt: skip
-    assert all(t.get("resumed_from_tokens") for t in turns.values())
+    resumed = sum(1 for t in turns.values() if t.get("resumed_from_tokens"))
     report(f"paused worker: its 2 streams aborted {took:.1f} s after the pause (lease 5 s + "
            f"one reconcile pass); the server generated {orphaned:.0f} tokens for them after "
-           f"they were under way, none after the abort (2 x {MAX_TOKENS} without it)")  # fmt: skip
+           f"they were under way, none after the abort (2 x {MAX_TOKENS} without it); "
+           f"{resumed} of 2 went on from a checkpoint, both whole")  # fmt: skip
