@@ -17,44 +17,13 @@ from typing import Any
 from capture.identity import ModelIdentity
 from capture.layers import plan
 from capture.manifest import MANIFEST
+from capture.model_config import ModelShape
 from capture.rows import fingerprint, first_out_of_vocab, row_lengths
 from capture.spec import CaptureSpec, Layout, RowRef
 from capture.store import CaptureStore
 from common.errors import ConfigError
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 MARKER = ".eaglegen-capture.json"  # OUT_DIR belongs to this run
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the estimate and the layer check need from a model's ``config.json``."""
-
-    layers: int
-    hidden: int
-    dtype_bytes: int
-    vocab: int | None = None  # ids at or above it are not the model's
-    max_positions: int | None = None  # the longest row the model takes
-
-    @classmethod
-    def read(cls, model_dir: Path) -> ModelShape:
-        """From ``model_dir/config.json`` (a multimodal config's ``text_config`` too)."""
-        try:
-            config: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read {model_dir}/config.json: {exc}") from exc
-        config = config.get("text_config") or config
-        dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
-        vocab, positions = config.get("vocab_size"), config.get("max_position_embeddings")
-        return cls(
-            int(config["num_hidden_layers"]), int(config["hidden_size"]),
-            DTYPE_BYTES.get(dtype.replace("torch.", ""), 4),
-            int(vocab) if vocab else None, int(positions) if positions else None,
-        )  # fmt: skip
-
-    def bytes_for(self, tokens: int) -> int:
-        """Hidden-state bytes of ``tokens`` tokens: 4 states of H each."""
-        return tokens * 4 * self.hidden * self.dtype_bytes
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,14 @@ Default rate: one H200's forward pass of a Llama-3.1-8B-shaped target (bench/ben
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from functools import partial
-from pathlib import Path
 
 import torch
 
 from capture.forward import States, row_states
+from capture.model_config import ModelShape
 
 H200_8B_TOKENS_PER_S = 34_000.0
 
@@ -27,11 +26,9 @@ class SyntheticTarget:
     """Random states of the model's shape, ready at ``rate`` padded tokens per second."""
 
     def __init__(self, model_dir: str, rate: float = H200_8B_TOKENS_PER_S) -> None:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-        config = config.get("text_config", config)
-        self.layers = int(config["num_hidden_layers"])
-        self.hidden = int(config["hidden_size"])
-        self.dtype = getattr(torch, config.get("dtype") or config.get("torch_dtype") or "float32")
+        shape = ModelShape.read(model_dir)
+        self.layers, self.hidden = shape.layers, shape.hidden
+        self.dtype = getattr(torch, shape.dtype)
         self.rate = rate
         self._pool = torch.empty(0, dtype=self.dtype)
         self._free_at = 0.0  # when the stand-in device finishes its last batch

@@ -51,6 +51,7 @@ import torch
 
 from capture import server_files
 from capture.forward import States
+from capture.model_config import ModelShape
 from common import errors
 from common.logs import secrets_of
 from common.settings import Settings
@@ -73,16 +74,10 @@ class TargetConfig:
     @classmethod
     def read(cls, model_dir: str) -> TargetConfig:
         """From ``config.json`` and the safetensors holding ``model.norm.weight``."""
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-        name = config.get("torch_dtype") or config.get("dtype") or "float32"
-        dtype = getattr(torch, str(name), None)
-        if not isinstance(dtype, torch.dtype):
-            raise errors.ConfigError(f"{model_dir}: config.json names no torch dtype: {name!r}")
+        shape = ModelShape.read(model_dir)
+        dtype = getattr(torch, shape.dtype)
         weight = _norm_weight(Path(model_dir))
-        return cls(
-            int(config["num_hidden_layers"]), int(config["hidden_size"]), dtype,
-            weight.to(dtype), float(config.get("rms_norm_eps", 1e-6)),
-        )  # fmt: skip
+        return cls(shape.layers, shape.hidden, dtype, weight.to(dtype), shape.eps)
 
     def final_norm(self, pre: torch.Tensor) -> torch.Tensor:
         """The target's final RMSNorm as transformers' Llama/Qwen ``RMSNorm`` computes it

@@ -40,9 +40,10 @@ def enqueue(
 ) -> None:
     """Queue one capture task per row of a tokenized dataset (each row once per run)."""
     from capture.app import create_capture_app
-    from capture.enqueue import ModelShape, enqueue_rows, model_of
+    from capture.enqueue import enqueue_rows, model_of
     from capture.identity import ModelIdentity
     from capture.layers import parse_aux
+    from capture.model_config import ModelShape
     from capture.spec import LAYOUTS
     from capture.store import CaptureStore
 

@@ -13,7 +13,8 @@ import pytest
 
 from broker.layout import queue_lists
 from capture.app import create_capture_app
-from capture.enqueue import ModelShape, enqueue_rows
+from capture.enqueue import enqueue_rows
+from capture.model_config import ModelShape
 from common.settings import Settings
 from tests.capture.conftest import ROWS, CaptureStack, check_manifest, manifest
 from tests.capture.helpers import HIDDEN, LAYERS, VOCAB, build_model, make_rows, write_tokenized
@@ -140,7 +141,7 @@ def test_a_row_failing_only_in_the_forward_pass_fails_alone_and_its_batch_is_wri
     tokenized = write_tokenized(tmp_path / "tok", rows, model_dir)
     out = tmp_path / "out"
     store = capture_stack.store("br")
-    shape = ModelShape(LAYERS, HIDDEN, 4)  # no vocab_size, no max_position_embeddings
+    shape = ModelShape(LAYERS, HIDDEN, "float32")  # no vocab_size, no max_position_embeddings
     app = create_capture_app(Settings(redis_url=capture_stack.redis_url, **_queues(capture_stack)))
     enqueue_rows(store, app.publish, tokenized, out, "speculators", None, shape, app.settings.queue)
     capture_stack.env["EAGLEGEN_MAX_RETRIES"] = "0"  # any failure of a good row would be final
